@@ -1,0 +1,35 @@
+"""Pure-math building blocks. Shape letters: b batch, t time, h heads, k key dim, v value dim,
+c channels, w conv width.
+
+  gated_delta_rule            the GDN recurrence, method = recurrent | chunk | assoc | auto | pallas
+  gated_delta_rule_with_aux   plus the commit data (u_t, cumulative gates, states)
+  resolve_gdn_method          what method="auto" picks for a shape and platform
+  state_after                 closed-form state after n tokens of a window, from the aux data
+  causal_conv1d / causal_conv1d_step / conv_window_after   depthwise causal conv with SiLU
+  l2_norm / rms_norm / gated_rms_norm
+"""
+
+from mtpspec.ops.conv import causal_conv1d, causal_conv1d_step, conv_window_after
+from mtpspec.ops.gdn.api import (
+    GDN_METHODS,
+    gated_delta_rule,
+    gated_delta_rule_with_aux,
+    resolve_gdn_method,
+)
+from mtpspec.ops.gdn.common import GDNAux, state_after
+from mtpspec.ops.norms import gated_rms_norm, l2_norm, rms_norm
+
+__all__ = [
+    "GDN_METHODS",
+    "GDNAux",
+    "causal_conv1d",
+    "causal_conv1d_step",
+    "conv_window_after",
+    "gated_delta_rule",
+    "gated_delta_rule_with_aux",
+    "gated_rms_norm",
+    "l2_norm",
+    "resolve_gdn_method",
+    "rms_norm",
+    "state_after",
+]

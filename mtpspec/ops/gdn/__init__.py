@@ -1,0 +1,1 @@
+"""The gated delta rule: reference recurrence, chunked WY form, associative scan, dispatch."""

@@ -1,0 +1,184 @@
+"""Public entry point for the gated delta rule: validation, method choice, dispatch.
+
+    o, final_state = gated_delta_rule(q, k, v, g, beta, initial_state=None, scale=None,
+                                      method="auto")
+    q, k [b, t, hk, k]; v [b, t, hv, v]; g, beta [b, t, hv]; initial/final state [b, hv, k, v] f32.
+
+Value head i reads key head i // (hv // hk), as HF's ``repeat_interleave``. No q/k normalisation
+happens here (the layer does it). Inputs may be bf16; math and state are float32; ``o`` comes
+back in q's dtype. An explicitly named method runs or raises, never falls back; ``"auto"`` picks by
+shape and platform (``resolve_gdn_method``) and logs its choice once per shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.ops.gdn.assoc import assoc
+from mtpspec.ops.gdn.chunk import chunked
+from mtpspec.ops.gdn.common import GDNAux, expand_key_heads
+from mtpspec.ops.gdn.reference import recurrent
+
+logger = logging.getLogger("mtpspec.ops")
+
+GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
+DEFAULT_CHUNK_SIZE = 64
+
+# Window lengths up to this use the plain recurrence under "auto"; longer ones the chunked form.
+# Measured by `python -m experiments.bench_gdn` (see BUILD_NOTES.md).
+AUTO_RECURRENT_MAX_T = 16
+
+
+def resolve_gdn_method(t: int, platform: str | None = None) -> str:
+    """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``.
+
+    "pallas" is never chosen automatically until the kernel exists; short windows (decode steps,
+    verification) run the recurrence, whose few small steps beat the chunk set-up; long sequences
+    (prefill, training) run the chunked form.
+    """
+    platform = platform or jax.default_backend()
+    del platform  # same choice on every platform until the Pallas kernel lands
+    return "recurrent" if t <= AUTO_RECURRENT_MAX_T else "chunk"
+
+
+@functools.lru_cache(maxsize=256)
+def _log_auto_choice(t: int, platform: str, method: str) -> None:
+    logger.info("gated_delta_rule(method='auto'): t=%d on %s -> %r", t, platform, method)
+
+
+def _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size):
+    if method not in GDN_METHODS:
+        raise ValueError(
+            f"unknown gated_delta_rule method {method!r}; expected one of {GDN_METHODS}"
+        )
+    named = {"q": q, "k": k, "v": v, "g": g, "beta": beta}
+    for name, x in named.items():
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(x).__name__}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be floating point, got dtype {x.dtype}")
+    for name, rank in (("q", 4), ("k", 4), ("v", 4), ("g", 3), ("beta", 3)):
+        if named[name].ndim != rank:
+            raise ValueError(f"{name} must have rank {rank}, got shape {named[name].shape}")
+    if q.shape != k.shape:
+        raise ValueError(f"q and k shapes differ: q {q.shape}, k {k.shape}")
+    b, t, hk, dk = k.shape
+    bv, tv, hv, dv = v.shape
+    if (bv, tv) != (b, t):
+        raise ValueError(f"v batch/time {v.shape[:2]} do not match q/k {(b, t)}")
+    if t == 0:
+        raise ValueError("sequence length must be at least 1, got t=0")
+    if hv % hk:
+        raise ValueError(f"value heads ({hv}) must be a multiple of key heads ({hk})")
+    for name in ("g", "beta"):
+        if named[name].shape != (b, t, hv):
+            raise ValueError(f"{name} must have shape {(b, t, hv)}, got {named[name].shape}")
+    if initial_state is not None:
+        if not hasattr(initial_state, "shape"):
+            raise TypeError(f"initial_state must be an array, got {type(initial_state).__name__}")
+        if tuple(initial_state.shape) != (b, hv, dk, dv):
+            raise ValueError(
+                f"initial_state must have shape {(b, hv, dk, dv)}, got {initial_state.shape}"
+            )
+    if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite Python number, got {scale!r}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if method == "pallas":
+        raise NotImplementedError(
+            "gated_delta_rule(method='pallas'): the Pallas kernel is not implemented yet; "
+            "use 'recurrent', 'chunk', 'assoc' or 'auto'"
+        )
+
+
+@functools.partial(jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size"))
+def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size):
+    hv = v.shape[2]
+    f32 = jnp.float32
+    q, k = (expand_key_heads(x.astype(f32), hv) for x in (q, k))
+    args = (q, k, v.astype(f32), g.astype(f32), beta.astype(f32), initial_state.astype(f32))
+    if method == "recurrent":
+        return recurrent(*args, scale, return_states)
+    if method == "chunk":
+        return chunked(*args, scale, return_states, chunk_size)
+    if method == "assoc":
+        return assoc(*args, scale, return_states)
+    raise AssertionError(method)
+
+
+def gated_delta_rule_with_aux(
+    q: jax.Array,  # [b, t, hk, k]
+    k: jax.Array,  # [b, t, hk, k]
+    v: jax.Array,  # [b, t, hv, v]
+    g: jax.Array,  # [b, t, hv] log-decay, <= 0
+    beta: jax.Array,  # [b, t, hv] in (0, 1)
+    *,
+    initial_state: jax.Array | None = None,  # [b, hv, k, v]
+    scale: float | None = None,
+    method: str = "auto",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    return_states: bool = False,
+) -> tuple[jax.Array, jax.Array, GDNAux]:
+    """Like ``gated_delta_rule`` but also returns the commit data (``GDNAux``).
+
+    With ``return_states=True`` the aux carries every per-position state [b, t, hv, k, v].
+    """
+    _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size)
+    b, t, _, dk = k.shape
+    hv, dv = v.shape[2:]
+    if method == "auto":
+        method = resolve_gdn_method(t)
+        _log_auto_choice(t, jax.default_backend(), method)
+    if initial_state is None:
+        initial_state = jnp.zeros((b, hv, dk, dv), jnp.float32)
+    scale = float(dk**-0.5 if scale is None else scale)
+    o, final, aux = _run(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state,
+        method=method,
+        scale=scale,
+        return_states=bool(return_states),
+        chunk_size=min(chunk_size, t) if method == "chunk" else chunk_size,
+    )
+    return o.astype(q.dtype), final, aux
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    initial_state: jax.Array | None = None,
+    scale: float | None = None,
+    method: str = "auto",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[jax.Array, jax.Array]:
+    """The gated delta rule; returns (o [b, t, hv, v] in q's dtype, final state [b, hv, k, v] f32).
+
+    method: "recurrent" (``lax.scan``, the reference), "chunk" (WY/UT form, ``chunk_size``),
+    "assoc" (associative scan), "auto" (see ``resolve_gdn_method``), "pallas" (not built yet:
+    raises NotImplementedError). Bad shapes or method raise ValueError / TypeError.
+    """
+    o, final, _ = gated_delta_rule_with_aux(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state,
+        scale=scale,
+        method=method,
+        chunk_size=chunk_size,
+    )
+    return o, final
