@@ -199,3 +199,17 @@ def test_bad_inputs_raise_clear_errors(kwargs, exc, match):
     args = [kwargs.pop(name) for name in ("q", "k", "v", "g", "beta")]
     with pytest.raises(exc, match=match):
         ops.gated_delta_rule(*args, **kwargs)
+
+
+@pytest.mark.parametrize("c", [1, 2, 5, 16, 37])
+def test_unit_lower_inverse_is_the_inverse(c):
+    from mtpspec.ops.gdn.chunk import unit_lower_inverse
+
+    rng = np.random.default_rng(c)
+    a = jnp.asarray(np.tril(rng.standard_normal((2, 3, c, c)) * 0.3, -1), jnp.float32)
+    t = unit_lower_inverse(a)
+    eye = np.eye(c)
+    np.testing.assert_allclose(
+        np.asarray(t, np.float64) @ (np.asarray(a) + eye), np.broadcast_to(eye, a.shape), atol=1e-5
+    )
+    np.testing.assert_array_equal(np.triu(np.asarray(t), 1), 0.0)

@@ -27,7 +27,10 @@ from mtpspec.ops.gdn.reference import recurrent
 logger = logging.getLogger("mtpspec.ops")
 
 GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
-DEFAULT_CHUNK_SIZE = 64
+# Default chunk length per platform: 64 as in fla/HF on GPU; on CPU 32 measured fastest at
+# realistic heads (`python -m experiments.bench_gdn --chunk_size=...`, BUILD_NOTES.md).
+DEFAULT_CHUNK_SIZE = {"cpu": 32}
+DEFAULT_CHUNK_SIZE_OTHER = 64
 
 # Window lengths up to this use the plain recurrence under "auto"; longer ones the chunked form.
 # Measured by `python -m experiments.bench_gdn` (see BUILD_NOTES.md).
@@ -87,7 +90,9 @@ def _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size):
             )
     if scale is not None and not (isinstance(scale, int | float) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite Python number, got {scale!r}")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+    if chunk_size is not None and (
+        not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1
+    ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if method == "pallas":
         raise NotImplementedError(
@@ -121,7 +126,7 @@ def gated_delta_rule_with_aux(
     initial_state: jax.Array | None = None,  # [b, hv, k, v]
     scale: float | None = None,
     method: str = "auto",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     return_states: bool = False,
 ) -> tuple[jax.Array, jax.Array, GDNAux]:
     """Like ``gated_delta_rule`` but also returns the commit data (``GDNAux``).
@@ -137,6 +142,8 @@ def gated_delta_rule_with_aux(
     if initial_state is None:
         initial_state = jnp.zeros((b, hv, dk, dv), jnp.float32)
     scale = float(dk**-0.5 if scale is None else scale)
+    if chunk_size is None:
+        chunk_size = DEFAULT_CHUNK_SIZE.get(jax.default_backend(), DEFAULT_CHUNK_SIZE_OTHER)
     o, final, aux = _run(
         q,
         k,
@@ -162,11 +169,12 @@ def gated_delta_rule(
     initial_state: jax.Array | None = None,
     scale: float | None = None,
     method: str = "auto",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The gated delta rule; returns (o [b, t, hv, v] in q's dtype, final state [b, hv, k, v] f32).
 
-    method: "recurrent" (``lax.scan``, the reference), "chunk" (WY/UT form, ``chunk_size``),
+    method: "recurrent" (``lax.scan``, the reference), "chunk" (WY/UT form, ``chunk_size``; None
+    picks the platform default: 32 on CPU, 64 elsewhere),
     "assoc" (associative scan), "auto" (see ``resolve_gdn_method``), "pallas" (not built yet:
     raises NotImplementedError). Bad shapes or method raise ValueError / TypeError.
     """

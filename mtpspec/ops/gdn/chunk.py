@@ -3,13 +3,17 @@
 Within one chunk of C positions (G = cumsum(g) inside the chunk, S the state entering it):
     L_ij = e^{G_i − G_j} for i ≥ j, else 0     (difference masked with ``where`` before ``exp``)
     A    = strict_tril(diag(β) K Kᵀ ⊙ L)
-    T    = (I + A)⁻¹                            (unit lower-triangular solve)
+    T    = (I + A)⁻¹                            (unit lower-triangular; recursive 2×2 blocks)
     U    = T (β V),   W = T (β K ⊙ e^G)
     V'   = U − W S                              (exactly the u_t of the recurrence)
     O    = scale · [(Q ⊙ e^G) S + tril(Q Kᵀ ⊙ L) V']
     S'   = e^{G_C} S + (K ⊙ e^{G_C − G})ᵀ V'
 T need not be a multiple of C: the tail is padded with g = 0, β = 0, k = v = 0, which leaves the
 state untouched (u = 0, no decay), so padding is exact.
+
+All per-chunk work runs inside one ``lax.scan`` body, batched over (batch, heads): on CPU, XLA runs
+a few head-batched products per chunk far faster than chunk×head-batched products of small
+matrices, and a batched triangular solve was the slowest piece of all (measured in BUILD_NOTES.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,36 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec.ops.gdn.common import GDNAux, einsum
+
+
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """(I + a)⁻¹ for strictly lower-triangular ``a`` [..., c, c].
+
+    Recursive 2×2 block inversion, all blocks of one size at once:
+    [[T₁₁, 0], [A₂₁, T₂₂]]⁻¹ = [[T₁₁⁻¹, 0], [−T₂₂⁻¹ A₂₁ T₁₁⁻¹, T₂₂⁻¹]], starting from 1×1 blocks
+    (= 1). log₂ c levels of batched matmuls; c is zero-padded to a power of two (exact: the padded
+    block is the identity).
+    """
+    c = a.shape[-1]
+    c2 = 1 << (c - 1).bit_length()
+    if c2 != c:
+        a = jnp.pad(a, [(0, 0)] * (a.ndim - 2) + [(0, c2 - c), (0, c2 - c)])
+    lead = a.shape[:-2]
+    blocks = jnp.ones(lead + (c2, 1, 1), a.dtype)  # inverses of the 1×1 diagonal blocks
+    s = 1
+    while s < c2:
+        nb = c2 // (2 * s)
+        tiled = a.reshape(lead + (nb, 2 * s, nb, 2 * s))
+        diag = jnp.moveaxis(jnp.diagonal(tiled, axis1=-4, axis2=-2), -1, -3)  # [..., nb, 2s, 2s]
+        a21 = diag[..., s:, :s]
+        pairs = blocks.reshape(lead + (nb, 2, s, s))
+        t11, t22 = pairs[..., 0, :, :], pairs[..., 1, :, :]
+        t21 = -einsum("...ij,...jk,...kl->...il", t22, a21, t11)
+        top = jnp.concatenate([t11, jnp.zeros_like(t11)], axis=-1)
+        bottom = jnp.concatenate([t21, t22], axis=-1)
+        blocks = jnp.concatenate([top, bottom], axis=-2)
+        s *= 2
+    return blocks[..., 0, :c, :c]
 
 
 def chunked(
@@ -32,59 +66,51 @@ def chunked(
     chunk_size: int,
 ) -> tuple[jax.Array, jax.Array, GDNAux]:
     """Returns (o [b, t, h, v] f32, final state [b, h, k, v] f32, aux)."""
-    b, t, h, dk = k.shape
+    b, t, h, _ = k.shape
     dv = v.shape[-1]
     c = chunk_size
     n = -(-t // c)
     pad = n * c - t
 
-    # ---- PREPARATION: pad to whole chunks, lay out as [b, h, n, c, ...] -----------------------
+    # ---- PREPARATION: pad to whole chunks, lay out as [n, b, h, c, ...] -----------------------
     def chunks(x):
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = jnp.moveaxis(x, 2, 1)  # [b, h, t', ...]
-        return x.reshape(b, h, n, c, *x.shape[3:])
+        x = jnp.moveaxis(x, 2, 1).reshape(b, h, n, c, *x.shape[3:])
+        return jnp.moveaxis(x, 2, 0)
 
-    qc, kc, vc, gc, bc = (chunks(x) for x in (q, k, v, g, beta))
-    g_in = jnp.cumsum(gc, axis=-1)  # [b, h, n, c]
-    g_last = g_in[..., -1]  # [b, h, n]
-
-    # ---- INTRA-CHUNK: everything that does not depend on the entering state ------------------
     incl = jnp.tril(jnp.ones((c, c), dtype=bool))
     strict = jnp.tril(jnp.ones((c, c), dtype=bool), k=-1)
-    diff = g_in[..., :, None] - g_in[..., None, :]  # [b, h, n, c, c]
-    decay = jnp.exp(jnp.where(incl, diff, -jnp.inf))  # L; zero above the diagonal
-    kk = einsum("bhnik,bhnjk->bhnij", kc, kc)
-    a = jnp.where(strict, bc[..., :, None] * kk * decay, 0.0)
-    rhs = jnp.concatenate([bc[..., None] * vc, bc[..., None] * kc * jnp.exp(g_in)[..., None]], -1)
-    eye = jnp.eye(c, dtype=a.dtype)
-    sol = jax.lax.linalg.triangular_solve(
-        a + eye, rhs, left_side=True, lower=True, unit_diagonal=True
-    )
-    u_part, w = sol[..., :dv], sol[..., dv:]  # U = T(βV), W = T(βK⊙e^G)
-    qk = einsum("bhnik,bhnjk->bhnij", qc, kc) * decay  # tril(QKᵀ ⊙ L)
-    q_decayed = qc * jnp.exp(g_in)[..., None]
-    k_to_end = kc * jnp.exp(g_last[..., None] - g_in)[..., None]  # K ⊙ e^{G_C − G}
 
-    # ---- INTER-CHUNK: carry the state across chunks -------------------------------------------
     def step(state, xs):  # state [b, h, k, v], entering this chunk
-        u_c, w_c, qk_c, qd_c, kend_c, glast_c, decay_c, k_c, gin_c = xs
-        u_true = u_c - einsum("bhck,bhkv->bhcv", w_c, state)  # V'
+        q_c, k_c, v_c, g_c, b_c = xs  # [b, h, c, ·]
+        # ---- INTRA-CHUNK: the UT transform, independent of the entering state ----------------
+        g_in = jnp.cumsum(g_c, axis=-1)  # G, [b, h, c]
+        decay = jnp.exp(jnp.where(incl, g_in[..., :, None] - g_in[..., None, :], -jnp.inf))  # L
+        qk_kk = einsum("bhik,bhjk->bhij", jnp.concatenate([q_c, k_c], axis=-2), k_c)
+        qk, kk = qk_kk[..., :c, :], qk_kk[..., c:, :]
+        a = jnp.where(strict, b_c[..., :, None] * kk * decay, 0.0)
+        e_g = jnp.exp(g_in)[..., None]
+        rhs = jnp.concatenate([b_c[..., None] * v_c, b_c[..., None] * k_c * e_g], axis=-1)
+        sol = einsum("bhij,bhjd->bhid", unit_lower_inverse(a), rhs)
+        u_part, w = sol[..., :dv], sol[..., dv:]  # U = T(βV), W = T(βK⊙e^G)
+        # ---- INTER-CHUNK: apply the entering state -------------------------------------------
+        u = u_part - einsum("bhck,bhkv->bhcv", w, state)  # V'
         o_c = scale * (
-            einsum("bhck,bhkv->bhcv", qd_c, state) + einsum("bhij,bhjv->bhiv", qk_c, u_true)
+            einsum("bhck,bhkv->bhcv", q_c * e_g, state) + einsum("bhij,bhjv->bhiv", qk * decay, u)
         )
-        new_state = jnp.exp(glast_c)[..., None, None] * state + einsum(
-            "bhck,bhcv->bhkv", kend_c, u_true
+        g_last = g_in[..., -1]
+        k_to_end = k_c * jnp.exp(g_last[..., None] - g_in)[..., None]  # K ⊙ e^{G_C − G}
+        new_state = jnp.exp(g_last)[..., None, None] * state + einsum(
+            "bhck,bhcv->bhkv", k_to_end, u
         )
         states_c = None
-        if return_states:
-            # S_i = e^{G_i} S + Σ_{j≤i} L_ij k_j u_jᵀ (L is zero for j > i)
-            states_c = jnp.exp(gin_c)[..., None, None] * state[:, :, None] + einsum(
-                "bhij,bhjk,bhjv->bhikv", decay_c, k_c, u_true
+        if return_states:  # S_i = e^{G_i} S + Σ_{j≤i} L_ij k_j u_jᵀ
+            states_c = e_g[..., None] * state[:, :, None] + einsum(
+                "bhij,bhjk,bhjv->bhikv", decay, k_c, u
             )
-        return new_state, (o_c, u_true, states_c)
+        return new_state, (o_c, u, states_c)
 
-    xs = (u_part, w, qk, q_decayed, k_to_end, g_last, decay, kc, g_in)
-    xs = tuple(jnp.moveaxis(x, 2, 0) for x in xs)  # scan over chunks
+    xs = tuple(chunks(x) for x in (q, k, v, g, beta))
     final, (o, u, states) = jax.lax.scan(step, initial_state, xs)
 
     # ---- FINALIZE: back to [b, t, h, ...], drop the padding ----------------------------------
