@@ -32,17 +32,18 @@ GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
 DEFAULT_CHUNK_SIZE = {"cpu": 32}
 DEFAULT_CHUNK_SIZE_OTHER = 64
 
-# Window lengths up to this use the plain recurrence under "auto"; longer ones the chunked form.
-# Measured by `python -m experiments.bench_gdn` (see BUILD_NOTES.md).
-AUTO_RECURRENT_MAX_T = 16
+# Lengths up to this use the plain recurrence under "auto"; longer ones the chunked form. On CPU
+# at realistic heads the chunked form (chunk = min(32, t)) already wins from t = 2
+# (`python -m experiments.bench_gdn`, BUILD_NOTES.md); "assoc" never wins there (k³ per combine).
+AUTO_RECURRENT_MAX_T = 1
 
 
 def resolve_gdn_method(t: int, platform: str | None = None) -> str:
     """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``.
 
-    "pallas" is never chosen automatically until the kernel exists; short windows (decode steps,
-    verification) run the recurrence, whose few small steps beat the chunk set-up; long sequences
-    (prefill, training) run the chunked form.
+    "pallas" is never chosen automatically until the kernel exists; a single token (a decode step)
+    runs the recurrence; anything longer (verification windows, prefill, training) runs the chunked
+    form, which measured faster from t = 2 on CPU.
     """
     platform = platform or jax.default_backend()
     del platform  # same choice on every platform until the Pallas kernel lands
