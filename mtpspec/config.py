@@ -1,0 +1,263 @@
+"""Model configuration: one frozen dataclass for Qwen3-Next (MoE) and Qwen3.5 (dense) text models.
+
+Built from an HF ``config.json`` (``from_hf_config``; v5 and legacy key styles, and the released
+Qwen3.5 layout with a nested ``text_config``) or from a preset (``tiny_hybrid``). Variants via
+``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+LINEAR = "linear_attention"
+FULL = "full_attention"
+FAMILIES = ("qwen3_next", "qwen3_5")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    family: str  # "qwen3_next" (interleaved in_proj_qkvz, MoE) | "qwen3_5" (split proj, dense)
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]  # "linear_attention" (GDN) | "full_attention", per layer
+    mlp_types: tuple[str, ...]  # "dense" | "moe", per layer
+    rms_norm_eps: float = 1e-6
+    # gated full attention
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    # gated delta net
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 16
+    linear_value_head_dim: int = 16
+    linear_conv_kernel_dim: int = 4
+    # MLP / MoE
+    intermediate_size: int = 128
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    mtp_mlp_type: str = "dense"
+    # heads
+    tie_word_embeddings: bool = False
+    mtp_num_layers: int = 1
+    dtype: str = "float32"  # parameter / compute dtype; GDN state and norms always f32
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + (
+            self.linear_num_value_heads * self.linear_value_head_dim
+        )
+
+    def validate(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ValueError(f"invalid ModelConfig: {msg}")
+
+        need(self.family in FAMILIES, f"family must be one of {FAMILIES}, got {self.family!r}")
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        ):
+            value = getattr(self, name)
+            need(
+                isinstance(value, int) and value >= 1,
+                f"{name} must be a positive int, got {value!r}",
+            )
+        need(len(self.layer_types) >= 1, "at least one layer is needed")
+        bad = [t for t in self.layer_types if t not in (LINEAR, FULL)]
+        need(not bad, f"layer_types must be {LINEAR!r} or {FULL!r}, got {bad}")
+        need(
+            len(self.mlp_types) == len(self.layer_types),
+            f"mlp_types has {len(self.mlp_types)} entries for {len(self.layer_types)} layers",
+        )
+        bad = [t for t in (*self.mlp_types, self.mtp_mlp_type) if t not in ("dense", "moe")]
+        need(not bad, f"mlp types must be 'dense' or 'moe', got {bad}")
+        need(
+            self.num_attention_heads % self.num_key_value_heads == 0,
+            f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+            f"num_key_value_heads ({self.num_key_value_heads})",
+        )
+        need(
+            self.linear_num_value_heads % self.linear_num_key_heads == 0,
+            f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+            f"linear_num_key_heads ({self.linear_num_key_heads})",
+        )
+        need(
+            0.0 < self.partial_rotary_factor <= 1.0 and self.rotary_dim % 2 == 0,
+            f"partial_rotary_factor {self.partial_rotary_factor} must give an even rotary dim "
+            f"in (0, head_dim]",
+        )
+        need(self.rope_theta > 0, f"rope_theta must be positive, got {self.rope_theta}")
+        need(self.rms_norm_eps > 0, f"rms_norm_eps must be positive, got {self.rms_norm_eps}")
+        if "moe" in (*self.mlp_types, self.mtp_mlp_type if self.mtp_num_layers else "dense"):
+            need(self.num_experts >= 1, "MoE layers need num_experts >= 1")
+            need(
+                1 <= self.num_experts_per_tok <= self.num_experts,
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be in "
+                f"1..num_experts ({self.num_experts})",
+            )
+            need(self.moe_intermediate_size >= 1, "MoE layers need moe_intermediate_size >= 1")
+        if "dense" in self.mlp_types:
+            need(self.intermediate_size >= 1, "dense layers need intermediate_size >= 1")
+        need(
+            self.mtp_num_layers in (0, 1),
+            f"mtp_num_layers must be 0 or 1, got {self.mtp_num_layers}",
+        )
+        need(
+            self.dtype in ("float32", "bfloat16"),
+            f"dtype must be float32 or bfloat16, got {self.dtype!r}",
+        )
+
+
+def _get(cfg: Mapping[str, Any], key: str, default=None, *, required: bool = False):
+    if key in cfg and cfg[key] is not None:
+        return cfg[key]
+    if required:
+        raise ValueError(f"HF config is missing required key {key!r}")
+    return default
+
+
+def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
+    """ModelConfig from an HF config dict, a config.json path, or a checkpoint directory."""
+    if not isinstance(cfg, Mapping):
+        path = os.fspath(cfg)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path) as f:
+                cfg = json.load(f)
+        except FileNotFoundError as e:
+            raise OSError(f"no HF config at {path}") from e
+        except json.JSONDecodeError as e:
+            raise ValueError(f"HF config {path} is not valid JSON: {e}") from e
+    model_type = cfg.get("model_type")
+    top = cfg
+    if "text_config" in cfg:  # released Qwen3.5 layout (ConditionalGeneration)
+        cfg = {**cfg["text_config"]}
+        model_type = cfg.get("model_type", model_type)
+    if model_type in ("qwen3_next",):
+        family = "qwen3_next"
+    elif model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_moe"):
+        family = "qwen3_5"
+    else:
+        raise ValueError(f"unsupported model_type {model_type!r}: expected qwen3_next or qwen3_5")
+
+    n = int(_get(cfg, "num_hidden_layers", required=True))
+    layer_types = _get(cfg, "layer_types")
+    if layer_types is None:
+        interval = int(_get(cfg, "full_attention_interval", 4))
+        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
+    if len(layer_types) != n:
+        raise ValueError(f"layer_types has {len(layer_types)} entries, num_hidden_layers is {n}")
+
+    rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
+    if rope.get("rope_type", "default") not in ("default",) and "mrope_section" not in rope:
+        raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}")
+    rope_theta = float(rope.get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
+    partial = float(rope.get("partial_rotary_factor", _get(cfg, "partial_rotary_factor", 0.25)))
+
+    num_experts = int(_get(cfg, "num_experts", 0))
+    mlp_only = set(_get(cfg, "mlp_only_layers", []) or [])
+    sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
+
+    def mlp_type(i: int) -> str:
+        if family == "qwen3_5" or num_experts == 0:
+            return "dense"
+        return "moe" if i not in mlp_only and (i + 1) % sparse_step == 0 else "dense"
+
+    mtp_layers = _get(cfg, "mtp_num_hidden_layers", _get(cfg, "num_nextn_predict_layers", 1))
+    tie = _get(cfg, "tie_word_embeddings", _get(top, "tie_word_embeddings", False))
+    dtype = _get(cfg, "dtype", _get(cfg, "torch_dtype", "float32"))
+    return ModelConfig(
+        family=family,
+        vocab_size=int(_get(cfg, "vocab_size", required=True)),
+        hidden_size=int(_get(cfg, "hidden_size", required=True)),
+        layer_types=tuple(layer_types),
+        mlp_types=tuple(mlp_type(i) for i in range(n)),
+        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
+        num_attention_heads=int(_get(cfg, "num_attention_heads", required=True)),
+        num_key_value_heads=int(_get(cfg, "num_key_value_heads", required=True)),
+        head_dim=int(_get(cfg, "head_dim", required=True)),
+        rope_theta=rope_theta,
+        partial_rotary_factor=partial,
+        linear_num_key_heads=int(_get(cfg, "linear_num_key_heads", required=True)),
+        linear_num_value_heads=int(_get(cfg, "linear_num_value_heads", required=True)),
+        linear_key_head_dim=int(_get(cfg, "linear_key_head_dim", required=True)),
+        linear_value_head_dim=int(_get(cfg, "linear_value_head_dim", required=True)),
+        linear_conv_kernel_dim=int(_get(cfg, "linear_conv_kernel_dim", 4)),
+        intermediate_size=int(_get(cfg, "intermediate_size", 0)),
+        num_experts=num_experts,
+        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 0)),
+        moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 0)),
+        shared_expert_intermediate_size=int(_get(cfg, "shared_expert_intermediate_size", 0)),
+        norm_topk_prob=bool(_get(cfg, "norm_topk_prob", True)),
+        mtp_mlp_type=mlp_type(0),
+        tie_word_embeddings=bool(tie),
+        mtp_num_layers=int(mtp_layers),
+        dtype="bfloat16" if str(dtype) in ("bfloat16", "torch.bfloat16") else "float32",
+    )
+
+
+def tiny_hybrid(**overrides) -> ModelConfig:
+    """A small random-init hybrid for tests: 3 GDN layers + 1 attention layer, dense MLP, MTP."""
+    base = ModelConfig(
+        family="qwen3_5",
+        vocab_size=128,
+        hidden_size=64,
+        layer_types=(LINEAR, LINEAR, LINEAR, FULL),
+        mlp_types=("dense",) * 4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        partial_rotary_factor=0.5,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        intermediate_size=96,
+        tie_word_embeddings=True,
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def tiny_moe(**overrides) -> ModelConfig:
+    """Tiny Qwen3-Next-style preset: MoE with a shared expert and one dense layer, untied head."""
+    return tiny_hybrid(
+        family="qwen3_next",
+        mlp_types=("moe", "dense", "moe", "moe"),
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        mtp_mlp_type="moe",
+        tie_word_embeddings=False,
+        **overrides,
+    )

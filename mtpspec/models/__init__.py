@@ -1,0 +1,1 @@
+"""Models: parameters, layers, decoder, MTP head, decode state."""

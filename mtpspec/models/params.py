@@ -1,0 +1,142 @@
+"""The parameter pytree: plain nested dicts of arrays, in a canonical (de-interleaved) layout.
+
+Weights are always function arguments (never static, never closed over). Linear weights are
+stored [in, out] (y = x @ w). Layout, with H hidden, V vocab, Hq/Hkv/hd attention heads,
+Hk/Hv/dk/dv GDN heads, C = 2·Hk·dk + Hv·dv conv channels, W conv width, E experts:
+
+    params = {
+      "embed": [V, H],
+      "lm_head": [H, V]                      (absent when tie_word_embeddings: embed.T is used)
+      "final_norm": [H],                     (1 + w) RMS norm
+      "layers": [layer, ...],                one dict per decoder layer
+      "mtp": {"fc": [2H, H], "norm_embed": [H], "norm_hidden": [H], "layer": layer,
+              "norm": [H]}                   (absent when mtp_num_layers == 0)
+    }
+    layer = {"input_norm": [H], "post_norm": [H],
+             "gdn" | "attn": mixer, "mlp": dense | moe}
+    gdn   = {"w_qkv": [H, C] (columns [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)], head-major),
+             "w_z": [H, Hv·dv], "w_b": [H, Hv], "w_a": [H, Hv], "conv": [C, W],
+             "A_log": [Hv], "dt_bias": [Hv], "norm": [dv] (plain w), "w_out": [Hv·dv, H]}
+    attn  = {"w_q": [H, Hq·hd], "w_gate": [H, Hq·hd], "w_k": [H, Hkv·hd], "w_v": [H, Hkv·hd],
+             "w_o": [Hq·hd, H], "q_norm": [hd], "k_norm": [hd]}
+    dense = {"w_gate": [H, I], "w_up": [H, I], "w_down": [I, H]}
+    moe   = {"router": [H, E], "w_gate": [E, H, Im], "w_up": [E, H, Im], "w_down": [E, Im, H],
+             "shared": dense (intermediate Is), "shared_gate": [H, 1]}
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.config import FULL, ModelConfig
+
+
+def _dense_shapes(h: int, i: int) -> dict:
+    return {"w_gate": (h, i), "w_up": (h, i), "w_down": (i, h)}
+
+
+def _mlp_shapes(config: ModelConfig, kind: str) -> dict:
+    h = config.hidden_size
+    if kind == "dense":
+        return _dense_shapes(h, config.intermediate_size)
+    e, im = config.num_experts, config.moe_intermediate_size
+    out = {"router": (h, e), "w_gate": (e, h, im), "w_up": (e, h, im), "w_down": (e, im, h)}
+    if config.shared_expert_intermediate_size:
+        out["shared"] = _dense_shapes(h, config.shared_expert_intermediate_size)
+        out["shared_gate"] = (h, 1)
+    return out
+
+
+def _attn_shapes(config: ModelConfig) -> dict:
+    h, hd = config.hidden_size, config.head_dim
+    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+    return {
+        "w_q": (h, q),
+        "w_gate": (h, q),
+        "w_k": (h, kv),
+        "w_v": (h, kv),
+        "w_o": (q, h),
+        "q_norm": (hd,),
+        "k_norm": (hd,),
+    }
+
+
+def _gdn_shapes(config: ModelConfig) -> dict:
+    h, hv, dv = config.hidden_size, config.linear_num_value_heads, config.linear_value_head_dim
+    return {
+        "w_qkv": (h, config.conv_channels),
+        "w_z": (h, hv * dv),
+        "w_b": (h, hv),
+        "w_a": (h, hv),
+        "conv": (config.conv_channels, config.linear_conv_kernel_dim),
+        "A_log": (hv,),
+        "dt_bias": (hv,),
+        "norm": (dv,),
+        "w_out": (hv * dv, h),
+    }
+
+
+def _layer_shapes(config: ModelConfig, layer_type: str, mlp_type: str) -> dict:
+    h = config.hidden_size
+    mixer = ("attn", _attn_shapes(config)) if layer_type == FULL else ("gdn", _gdn_shapes(config))
+    return {
+        "input_norm": (h,),
+        "post_norm": (h,),
+        mixer[0]: mixer[1],
+        "mlp": _mlp_shapes(config, mlp_type),
+    }
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The expected shape of every parameter (same tree as ``init_params``)."""
+    h, v = config.hidden_size, config.vocab_size
+    shapes: dict = {
+        "embed": (v, h),
+        "final_norm": (h,),
+        "layers": [
+            _layer_shapes(config, lt, mt)
+            for lt, mt in zip(config.layer_types, config.mlp_types, strict=True)
+        ],
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head"] = (h, v)
+    if config.mtp_num_layers:
+        shapes["mtp"] = {
+            "fc": (2 * h, h),
+            "norm_embed": (h,),
+            "norm_hidden": (h,),
+            "layer": _layer_shapes(config, FULL, config.mtp_mlp_type),
+            "norm": (h,),
+        }
+    return shapes
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+
+def init_params(config: ModelConfig, key: jax.Array, *, norm_scale: float = 0.0) -> dict:
+    """Random parameters. ``norm_scale`` > 0 draws the (1 + w) norm weights as norm_scale·N(0, 1)
+    (tests want non-trivial norms); 0 gives HF's zero init."""
+    dtype = jnp.dtype(config.dtype)
+    shapes = param_shapes(config)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for (path, shape), k in zip(leaves, keys, strict=True):
+        name = str(getattr(path[-1], "key", ""))
+        if name == "A_log":
+            x = jnp.log(jax.random.uniform(k, shape, minval=0.1, maxval=1.5))
+        elif name == "dt_bias":
+            x = 0.5 * jax.random.normal(k, shape)
+        elif name == "norm" and len(path) >= 2 and getattr(path[-2], "key", "") == "gdn":
+            x = 1.0 + 0.1 * jax.random.normal(k, shape)  # plain-w gated norm
+        elif len(shape) == 1:  # (1 + w) norms
+            x = norm_scale * jax.random.normal(k, shape)
+        elif name == "embed":
+            x = 0.5 * jax.random.normal(k, shape)
+        else:  # linear [.., in, out]
+            x = jax.random.normal(k, shape) * shape[-2] ** -0.5
+        out.append(x.astype(dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
