@@ -1,0 +1,429 @@
+"""Load an HF Qwen3-Next / Qwen3.5 safetensors checkpoint into the canonical parameter tree.
+
+``load_hf(path)`` reads ``config.json`` (via ``from_hf_config``) and the weights (a single
+``model.safetensors`` or a ``model.safetensors.index.json`` with its shards), maps HF tensor
+names onto the layout documented in ``mtpspec.models.params`` (de-interleaving Qwen3-Next's
+``in_proj_qkvz`` / ``in_proj_ba``, splitting attention ``q_proj`` into query and gate, stacking
+experts, transposing Linear weights to [in, out]) and checks the result against
+``param_shapes(config)``.
+
+Everything that can be checked without reading tensor data (files present and readable, every
+needed tensor present, no unconsumed tensor, every shape right) is checked before any tensor is
+read, and each error names the offending path / tensor.
+
+Ignored tensors (never an "unexpected tensor" error):
+  * ``model.visual.*`` / ``visual.*`` (the released Qwen3.5 vision tower),
+  * ``*.rotary_emb.inv_freq`` (derived buffers some exporters write),
+  * ``lm_head.weight`` when ``tie_word_embeddings`` (the embedding is the head),
+  * ``mtp.*`` when the config says ``mtp_num_layers == 0`` (HF drops them too).
+
+MTP: when the config asks for an MTP layer but the checkpoint has no ``mtp.*`` tensor at all,
+``load_hf`` raises ``ValueError`` unless ``allow_missing_mtp=True``; then the returned config has
+``mtp_num_layers=0`` and the params have no ``"mtp"`` entry. A partially present MTP head is
+always an error (missing tensor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+
+from mtpspec.config import FULL, ModelConfig, from_hf_config
+from mtpspec.models.params import param_shapes
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    """HF tensors ``names`` (with on-disk ``shapes``) -> canonical leaves ``outs`` via ``fn``."""
+
+    outs: tuple[tuple, ...]
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    fn: Callable[..., tuple[np.ndarray, ...]]
+
+
+def _t(w):
+    return (w.T,)
+
+
+def _ident(w):
+    return (w,)
+
+
+def _one(out: tuple, name: str, shape: tuple, fn=_ident) -> _Spec:
+    return _Spec((out,), (name,), (tuple(shape),), fn)
+
+
+def _linear(out: tuple, name: str, n_in: int, n_out: int) -> _Spec:
+    """An HF Linear [out, in] -> ours [in, out]."""
+    return _one(out, name, (n_out, n_in), _t)
+
+
+# --------------------------------------------------------------------------------------------
+# per-module specs
+
+
+def _dense_specs(base: tuple, p: str, h: int, i: int) -> list[_Spec]:
+    return [
+        _linear((*base, "w_gate"), f"{p}gate_proj.weight", h, i),
+        _linear((*base, "w_up"), f"{p}up_proj.weight", h, i),
+        _linear((*base, "w_down"), f"{p}down_proj.weight", i, h),
+    ]
+
+
+def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> list[_Spec]:
+    h, e, im = config.hidden_size, config.num_experts, config.moe_intermediate_size
+    specs = [_linear((*base, "router"), f"{p}gate.weight", h, e)]
+    fused = f"{p}experts.gate_up_proj"
+    if fused in names:  # HF 5.x in-memory layout: [E, 2Im, H] (gate rows first), [E, H, Im]
+
+        def split_gate_up(w):
+            return w[:, :im, :].transpose(0, 2, 1), w[:, im:, :].transpose(0, 2, 1)
+
+        specs.append(
+            _Spec(
+                ((*base, "w_gate"), (*base, "w_up")),
+                (fused,),
+                ((e, 2 * im, h),),
+                split_gate_up,
+            )
+        )
+        specs.append(
+            _one(
+                (*base, "w_down"),
+                f"{p}experts.down_proj",
+                (e, h, im),
+                lambda w: (w.transpose(0, 2, 1),),
+            )
+        )
+    else:  # per-expert tensors (every released checkpoint)
+
+        def stack(*ws):
+            return (np.stack([w.T for w in ws]),)
+
+        for ours, theirs, shape in (
+            ("w_gate", "gate_proj", (im, h)),
+            ("w_up", "up_proj", (im, h)),
+            ("w_down", "down_proj", (h, im)),
+        ):
+            specs.append(
+                _Spec(
+                    ((*base, ours),),
+                    tuple(f"{p}experts.{j}.{theirs}.weight" for j in range(e)),
+                    (shape,) * e,
+                    stack,
+                )
+            )
+    if config.shared_expert_intermediate_size:
+        specs += _dense_specs(
+            (*base, "shared"), f"{p}shared_expert.", h, config.shared_expert_intermediate_size
+        )
+        specs.append(_linear((*base, "shared_gate"), f"{p}shared_expert_gate.weight", h, 1))
+    return specs
+
+
+def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
+    h, hd, hq, hkv = (
+        config.hidden_size,
+        config.head_dim,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+    )
+
+    def split_q(w):  # [Hq·2·hd, H]: per head, hd query rows then hd gate rows
+        w = w.reshape(hq, 2, hd, h)
+        return w[:, 0].reshape(hq * hd, h).T, w[:, 1].reshape(hq * hd, h).T
+
+    return [
+        _Spec(
+            ((*base, "w_q"), (*base, "w_gate")),
+            (f"{p}q_proj.weight",),
+            ((hq * 2 * hd, h),),
+            split_q,
+        ),
+        _linear((*base, "w_k"), f"{p}k_proj.weight", h, hkv * hd),
+        _linear((*base, "w_v"), f"{p}v_proj.weight", h, hkv * hd),
+        _linear((*base, "w_o"), f"{p}o_proj.weight", hq * hd, h),
+        _one((*base, "q_norm"), f"{p}q_norm.weight", (hd,)),
+        _one((*base, "k_norm"), f"{p}k_norm.weight", (hd,)),
+    ]
+
+
+def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
+    h = config.hidden_size
+    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    r, c, width = hv // hk, config.conv_channels, config.linear_conv_kernel_dim
+    specs = []
+    if config.family == "qwen3_next":
+        group = 2 * dk + 2 * r * dv
+
+        def split_qkvz(w):  # per key-head group g: [q_g (dk) | k_g (dk) | v_g (r·dv) | z_g (r·dv)]
+            w = w.reshape(hk, group, h)
+            q = w[:, :dk].reshape(hk * dk, h)
+            k = w[:, dk : 2 * dk].reshape(hk * dk, h)
+            v = w[:, 2 * dk : 2 * dk + r * dv].reshape(hv * dv, h)
+            z = w[:, 2 * dk + r * dv :].reshape(hv * dv, h)
+            return np.concatenate([q, k, v], axis=0).T, z.T
+
+        def split_ba(w):  # per key-head group g: [b_g (r) | a_g (r)]
+            w = w.reshape(hk, 2 * r, h)
+            return w[:, :r].reshape(hv, h).T, w[:, r:].reshape(hv, h).T
+
+        specs += [
+            _Spec(
+                ((*base, "w_qkv"), (*base, "w_z")),
+                (f"{p}in_proj_qkvz.weight",),
+                ((hk * group, h),),
+                split_qkvz,
+            ),
+            _Spec(
+                ((*base, "w_b"), (*base, "w_a")),
+                (f"{p}in_proj_ba.weight",),
+                ((2 * hv, h),),
+                split_ba,
+            ),
+        ]
+    else:
+        specs += [
+            _linear((*base, "w_qkv"), f"{p}in_proj_qkv.weight", h, c),
+            _linear((*base, "w_z"), f"{p}in_proj_z.weight", h, hv * dv),
+            _linear((*base, "w_b"), f"{p}in_proj_b.weight", h, hv),
+            _linear((*base, "w_a"), f"{p}in_proj_a.weight", h, hv),
+        ]
+    specs += [
+        _one((*base, "conv"), f"{p}conv1d.weight", (c, 1, width), lambda w: (w[:, 0, :],)),
+        _one((*base, "A_log"), f"{p}A_log", (hv,)),
+        _one((*base, "dt_bias"), f"{p}dt_bias", (hv,)),
+        _one((*base, "norm"), f"{p}norm.weight", (dv,)),
+        _linear((*base, "w_out"), f"{p}out_proj.weight", hv * dv, h),
+    ]
+    return specs
+
+
+def _layer_specs(
+    config: ModelConfig, base: tuple, p: str, layer_type: str, mlp_type: str, names: set[str]
+) -> list[_Spec]:
+    h = config.hidden_size
+    specs = [
+        _one((*base, "input_norm"), f"{p}input_layernorm.weight", (h,)),
+        _one((*base, "post_norm"), f"{p}post_attention_layernorm.weight", (h,)),
+    ]
+    if layer_type == FULL:
+        specs += _attn_specs(config, (*base, "attn"), f"{p}self_attn.")
+    else:
+        specs += _gdn_specs(config, (*base, "gdn"), f"{p}linear_attn.")
+    if mlp_type == "moe":
+        specs += _moe_specs(config, (*base, "mlp"), f"{p}mlp.", names)
+    else:
+        specs += _dense_specs((*base, "mlp"), f"{p}mlp.", h, config.intermediate_size)
+    return specs
+
+
+def _model_specs(config: ModelConfig, prefix: str, names: set[str]) -> list[_Spec]:
+    h, v = config.hidden_size, config.vocab_size
+    specs = [
+        _one(("embed",), f"{prefix}embed_tokens.weight", (v, h)),
+        _one(("final_norm",), f"{prefix}norm.weight", (h,)),
+    ]
+    if not config.tie_word_embeddings:
+        specs.append(_linear(("lm_head",), "lm_head.weight", h, v))
+    for i, (lt, mt) in enumerate(zip(config.layer_types, config.mlp_types, strict=True)):
+        specs += _layer_specs(config, ("layers", i), f"{prefix}layers.{i}.", lt, mt, names)
+    if config.mtp_num_layers:
+        specs += [
+            _linear(("mtp", "fc"), "mtp.fc.weight", 2 * h, h),
+            _one(("mtp", "norm_embed"), "mtp.pre_fc_norm_embedding.weight", (h,)),
+            _one(("mtp", "norm_hidden"), "mtp.pre_fc_norm_hidden.weight", (h,)),
+            _one(("mtp", "norm"), "mtp.norm.weight", (h,)),
+        ]
+        specs += _layer_specs(
+            config, ("mtp", "layer"), "mtp.layers.0.", FULL, config.mtp_mlp_type, names
+        )
+    return specs
+
+
+# --------------------------------------------------------------------------------------------
+# files
+
+
+def _open(file: str):
+    try:
+        return safe_open(file, framework="flax")
+    except FileNotFoundError as e:
+        raise OSError(f"safetensors file {file} does not exist") from e
+    except Exception as e:  # SafetensorError etc: truncated / corrupt header
+        raise OSError(f"cannot read safetensors file {file}: {e}") from e
+
+
+def _index_tensors(path: str) -> dict[str, str]:
+    """name -> file, for a single-file or sharded checkpoint; checks every file opens."""
+    single = os.path.join(path, SINGLE_FILE)
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(single):
+        files, promised = [single], {}
+    elif os.path.isfile(index):
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)["weight_map"]
+            if not isinstance(weight_map, dict):
+                raise TypeError("weight_map is not an object")
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"bad safetensors index {index}: {e!r}") from e
+        promised = {k: os.path.join(path, v) for k, v in weight_map.items()}
+        files = sorted(set(promised.values()))
+        for file in files:
+            if not os.path.isfile(file):
+                raise OSError(f"shard {file} named in {index} does not exist")
+    else:
+        raise OSError(f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE}")
+
+    where: dict[str, str] = {}
+    for file in files:
+        with _open(file) as f:
+            for name in f.keys():
+                if name in where:
+                    raise ValueError(f"tensor {name} is in both {where[name]} and {file}")
+                where[name] = file
+    for name, file in promised.items():
+        if where.get(name) != file:
+            raise ValueError(f"index {index} maps tensor {name} to {file}, which lacks it")
+    return where
+
+
+def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    by_file: dict[str, list[str]] = {}
+    for n in names:
+        by_file.setdefault(where[n], []).append(n)
+    out = {}
+    for file, ns in by_file.items():
+        with _open(file) as f:
+            for n in ns:
+                out[n] = tuple(f.get_slice(n).get_shape())
+    return out
+
+
+def _ignorable(name: str, config: ModelConfig) -> bool:
+    return (
+        name.startswith(("model.visual.", "visual."))
+        or name.endswith("rotary_emb.inv_freq")
+        or (name == "lm_head.weight" and config.tie_word_embeddings)
+        or (name.startswith("mtp.") and not config.mtp_num_layers)
+    )
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node[key] if isinstance(node, list) else node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def _check_tree(params: dict, config: ModelConfig) -> None:
+    expected = param_shapes(config)
+
+    def is_shape(x):
+        return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
+
+    want = dict(jax.tree_util.tree_flatten_with_path(expected, is_leaf=is_shape)[0])
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    if want.keys() != got.keys():
+        missing = sorted(jax.tree_util.keystr(k) for k in want.keys() - got.keys())
+        extra = sorted(jax.tree_util.keystr(k) for k in got.keys() - want.keys())
+        raise ValueError(f"parameter tree mismatch: missing {missing}, unexpected {extra}")
+    for k, shape in want.items():
+        if tuple(got[k].shape) != shape:
+            raise ValueError(
+                f"parameter {jax.tree_util.keystr(k)} has shape {tuple(got[k].shape)}, "
+                f"expected {shape}"
+            )
+
+
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    allow_missing_mtp: bool = False,
+) -> tuple[ModelConfig, dict]:
+    """Load an HF checkpoint directory -> (config, params) in the canonical layout.
+
+    ``dtype`` ("float32" | "bfloat16") overrides the config's dtype; the returned config carries
+    the dtype the params were cast to. See the module docstring for ignored tensors and MTP.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise OSError(f"HF checkpoint directory {path} does not exist")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise OSError(f"no config.json in {path}")
+    config = from_hf_config(path)
+    if dtype is not None:
+        name = jnp.dtype(dtype).name
+        if name not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        config = dataclasses.replace(config, dtype=name)
+
+    where = _index_tensors(path)
+    names = set(where)
+    prefix = (
+        "model.language_model."
+        if any(n.startswith("model.language_model.") for n in names)
+        else "model."
+    )
+
+    if config.mtp_num_layers and not any(n.startswith("mtp.") for n in names):
+        if not allow_missing_mtp:
+            raise ValueError(
+                f"config asks for {config.mtp_num_layers} MTP layer(s) but the checkpoint in "
+                f"{path} has no mtp.* tensors (pass allow_missing_mtp=True to load without MTP)"
+            )
+        config = dataclasses.replace(config, mtp_num_layers=0)
+
+    specs = _model_specs(config, prefix, names)
+    needed = [n for s in specs for n in s.names]
+    missing = [n for n in needed if n not in names]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ValueError(f"checkpoint {path} is missing tensor {missing[0]}{more}")
+    used = set(needed)
+    unexpected = sorted(n for n in names - used if not _ignorable(n, config))
+    if unexpected:
+        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
+        raise ValueError(f"checkpoint {path} has unexpected tensor {unexpected[0]}{more}")
+    shapes = _shapes(where, needed)
+    for s in specs:
+        for n, want in zip(s.names, s.shapes, strict=True):
+            if shapes[n] != want:
+                raise ValueError(f"tensor {n} has shape {list(shapes[n])}, expected {list(want)}")
+
+    out_dtype = jnp.dtype(config.dtype)
+    by_file: dict[str, list[str]] = {}
+    for n in needed:
+        by_file.setdefault(where[n], []).append(n)
+    raw: dict[str, np.ndarray] = {}
+    with jax.default_device(jax.devices("cpu")[0]):
+        for file, ns in by_file.items():
+            with _open(file) as f:
+                for n in ns:
+                    try:
+                        raw[n] = np.asarray(f.get_tensor(n))
+                    except Exception as e:
+                        raise OSError(f"cannot read tensor {n} from {file}: {e}") from e
+
+    params: dict = {"layers": [{} for _ in config.layer_types]}
+    for s in specs:
+        outs = s.fn(*(raw.pop(n) for n in s.names))
+        for out_path, value in zip(s.outs, outs, strict=True):
+            _set(params, out_path, jnp.asarray(np.ascontiguousarray(value).astype(out_dtype)))
+    _check_tree(params, config)
+    return config, params

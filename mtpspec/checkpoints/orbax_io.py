@@ -1,0 +1,77 @@
+"""Save / restore (config, params) with orbax.
+
+Layout of a saved directory ``path``::
+
+    path/config.json   dataclasses.asdict(ModelConfig) (tuples stored as JSON lists)
+    path/params/       orbax StandardCheckpointer checkpoint of the param tree
+
+Restore rebuilds the exact tree (dicts, the ``layers`` list), shapes and dtypes, onto the default
+device, and checks it against ``param_shapes(config)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import jax
+import orbax.checkpoint as ocp
+
+from mtpspec.checkpoints.hf import _check_tree
+from mtpspec.config import ModelConfig
+
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+
+
+def _config_from_dict(d: dict) -> ModelConfig:
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"saved config has unknown fields {unknown}")
+    d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    return ModelConfig(**d)
+
+
+def save_params(
+    path: str | os.PathLike, config: ModelConfig, params: dict, *, overwrite: bool = False
+) -> None:
+    """Write ``config`` (JSON) and ``params`` (orbax) under directory ``path``."""
+    path = os.path.abspath(os.fspath(path))
+    _check_tree(params, config)
+    if os.path.exists(path):
+        if not overwrite:
+            raise FileExistsError(f"{path} already exists (pass overwrite=True to replace it)")
+        shutil.rmtree(path)
+    os.makedirs(path)
+    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+        json.dump(dataclasses.asdict(config), f, indent=2)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(path, PARAMS_DIR), params)
+
+
+def restore_params(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
+    """Read back what ``save_params`` wrote: (config, params)."""
+    path = os.path.abspath(os.fspath(path))
+    cfg_file = os.path.join(path, CONFIG_FILE)
+    params_dir = os.path.join(path, PARAMS_DIR)
+    if not os.path.isfile(cfg_file):
+        raise OSError(f"no saved config at {cfg_file}")
+    if not os.path.isdir(params_dir):
+        raise OSError(f"no saved params at {params_dir}")
+    with open(cfg_file) as f:
+        try:
+            config = _config_from_dict(json.load(f))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"saved config {cfg_file} is not valid JSON: {e}") from e
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with ocp.StandardCheckpointer() as ckptr:
+        meta = ckptr.metadata(params_dir).item_metadata.tree
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
+        )
+        params = ckptr.restore(params_dir, target)
+    _check_tree(params, config)
+    return config, params
