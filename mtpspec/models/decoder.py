@@ -1,0 +1,208 @@
+"""The hybrid decoder and its MTP head: teacher-forced forward, prefill, one-token and window steps.
+
+    logits = forward(config, params, tokens)                       # [b, t] -> [b, t, V], no cache
+    out = window_step(config, params, state, tokens, valid=None)   # t new tokens per sequence
+    out = prefill(config, params, tokens, lengths, capacity)       # right-padded ragged prompts
+    out = step(config, params, state, tokens)                      # [b] -> logits [b, V]
+    logits, hidden = mtp_forward(config, params, hidden, next_tokens, positions)
+
+``config`` is static (frozen dataclass, hashable); params and state are arguments. One compile per
+(config, shapes, gdn_method).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtpspec.config import FULL, ModelConfig
+from mtpspec.models import layers
+from mtpspec.models.state import AttentionCache, DecodeState, init_decode_state
+
+
+class StepOutput(NamedTuple):
+    logits: jax.Array  # [b, t, V] float32
+    hidden: jax.Array  # [b, t, H]: final-normed hidden (what lm_head sees and the MTP head takes)
+    state: DecodeState
+    commit: tuple  # per GDN layer: {"conv_in", "k", "aux"} of this window (None for attention)
+
+
+def check_tokens(config: ModelConfig, tokens, *, rank: int = 2, name: str = "tokens") -> None:
+    """Type, rank and vocabulary-range checks before any device work (values checked when the
+    array is concrete)."""
+    if not hasattr(tokens, "dtype") or not hasattr(tokens, "shape"):
+        raise TypeError(f"{name} must be an integer array, got {type(tokens).__name__}")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(f"{name} must have an integer dtype, got {tokens.dtype}")
+    if tokens.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {tokens.shape}")
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    values = np.asarray(tokens)
+    if values.size and (values.min() < 0 or values.max() >= config.vocab_size):
+        bad = values[(values < 0) | (values >= config.vocab_size)]
+        raise ValueError(
+            f"{name} has ids outside the vocabulary [0, {config.vocab_size}): e.g. {int(bad[0])}"
+        )
+
+
+def lm_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
+    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return layers.linear(hidden, w)
+
+
+def _run_layers(config, params, x, start, valid, caches, gdn_method):
+    new_caches, commits = [], []
+    for i, p in enumerate(params["layers"]):
+        kind = (config.layer_types[i], config.mlp_types[i])
+        cache = None if caches is None else caches[i]
+        x, cache, commit = layers.decoder_layer(config, kind, p, x, start, valid, cache, gdn_method)
+        new_caches.append(cache)
+        commits.append(commit)
+    return x, tuple(new_caches), tuple(commits)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gdn_method"))
+def _forward(config, params, tokens, gdn_method):
+    b, t = tokens.shape
+    x = params["embed"][tokens]
+    zeros = jnp.zeros((b,), jnp.int32)
+    x, _, _ = _run_layers(config, params, x, zeros, zeros + t, None, gdn_method)
+    hidden = layers.norm(config, x, params["final_norm"])
+    return lm_logits(config, params, hidden), hidden
+
+
+def forward(config: ModelConfig, params: dict, tokens, *, gdn_method: str = "auto"):
+    """Teacher-forced logits [b, t, V] float32 for int tokens [b, t], no cache."""
+    check_tokens(config, tokens)
+    return _forward(config, params, jnp.asarray(tokens, jnp.int32), gdn_method)[0]
+
+
+def forward_hidden(config: ModelConfig, params: dict, tokens, *, gdn_method: str = "auto"):
+    """(logits [b, t, V], final-normed hidden [b, t, H]) for int tokens [b, t], no cache."""
+    check_tokens(config, tokens)
+    return _forward(config, params, jnp.asarray(tokens, jnp.int32), gdn_method)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "gdn_method"))
+def _window_step(config, params, state, tokens, valid, gdn_method):
+    x = params["embed"][tokens]
+    x, caches, commits = _run_layers(
+        config, params, x, state.lengths, valid, state.layers, gdn_method
+    )
+    hidden = layers.norm(config, x, params["final_norm"])
+    new_state = state._replace(layers=caches, lengths=state.lengths + valid)
+    return StepOutput(lm_logits(config, params, hidden), hidden, new_state, commits)
+
+
+def window_step(
+    config: ModelConfig,
+    params: dict,
+    state: DecodeState,
+    tokens,
+    valid=None,
+    *,
+    gdn_method: str = "auto",
+) -> StepOutput:
+    """Fold ``tokens`` [b, t] into the state at each sequence's length; ``valid`` [b] (default t)
+    says how many are real (the rest is padding and leaves every cache as if absent)."""
+    check_tokens(config, tokens)
+    b, t = tokens.shape
+    if b != state.lengths.shape[0]:
+        raise ValueError(
+            f"tokens batch {b} does not match the state's batch {state.lengths.shape[0]}"
+        )
+    valid = jnp.full((b,), t, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
+    if valid.shape != (b,):
+        raise ValueError(f"valid must have shape {(b,)}, got {valid.shape}")
+    return _window_step(config, params, state, jnp.asarray(tokens, jnp.int32), valid, gdn_method)
+
+
+def prefill(
+    config: ModelConfig,
+    params: dict,
+    tokens,
+    lengths=None,
+    *,
+    capacity: int,
+    gdn_method: str = "auto",
+) -> StepOutput:
+    """Prompts right-padded to [b, t] with true ``lengths`` [b] (default t), into a fresh state
+    of ``capacity`` tokens per sequence."""
+    check_tokens(config, tokens)
+    b, t = tokens.shape
+    if t > capacity:
+        raise ValueError(f"prompt length {t} exceeds the cache capacity {capacity}")
+    state = init_decode_state(config, b, capacity)
+    return window_step(config, params, state, tokens, lengths, gdn_method=gdn_method)
+
+
+def step(config: ModelConfig, params: dict, state: DecodeState, tokens, *, gdn_method="auto"):
+    """One token per sequence: tokens [b] -> StepOutput with logits [b, 1, V]."""
+    check_tokens(config, tokens, rank=1)
+    return window_step(config, params, state, tokens[:, None], gdn_method=gdn_method)
+
+
+# ---- MTP head -----------------------------------------------------------------------------------
+
+
+def _mtp_core(config, params, hidden, next_tokens, start, valid, cache):
+    p = params["mtp"]
+    e = layers.norm(config, params["embed"][next_tokens], p["norm_embed"])
+    h = layers.norm(config, hidden.astype(e.dtype), p["norm_hidden"])
+    x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
+    kind = (FULL, config.mtp_mlp_type)
+    x, cache, _ = layers.decoder_layer(config, kind, p["layer"], x, start, valid, cache, "auto")
+    y = layers.norm(config, x, p["norm"])
+    return lm_logits(config, params, y), y, cache
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _mtp_forward(config, params, hidden, next_tokens, start):
+    b, t = next_tokens.shape
+    valid = jnp.full((b,), t, jnp.int32)
+    logits, y, _ = _mtp_core(config, params, hidden, next_tokens, start, valid, None)
+    return logits, y
+
+
+def mtp_forward(config: ModelConfig, params: dict, hidden, next_tokens, start=None):
+    """Teacher-forced MTP head: row i pairs ``hidden[:, i]`` (final-normed hidden of position
+    start+i) with ``next_tokens[:, i]`` (the token at position start+i+1), at rope position
+    start+i, and predicts the token at start+i+2. Returns (logits [b, t, V], mtp hidden [b, t, H]).
+    """
+    if not config.mtp_num_layers or "mtp" not in params:
+        raise ValueError("this model has no MTP head (mtp_num_layers == 0 or no 'mtp' params)")
+    check_tokens(config, next_tokens, name="next_tokens")
+    b, t = next_tokens.shape
+    if hidden.shape != (b, t, config.hidden_size):
+        raise ValueError(f"hidden must have shape {(b, t, config.hidden_size)}, got {hidden.shape}")
+    start = jnp.zeros((b,), jnp.int32) if start is None else jnp.asarray(start, jnp.int32)
+    return _mtp_forward(config, params, hidden, jnp.asarray(next_tokens, jnp.int32), start)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def mtp_window_step(config, params, state: DecodeState, hidden, next_tokens, valid):
+    """Cached MTP window: rows appended to the MTP KV cache at ``state.mtp_lengths``.
+    Returns (logits [b, t, V], mtp hidden [b, t, H], new state)."""
+    logits, y, cache = _mtp_core(
+        config, params, hidden, next_tokens, state.mtp_lengths, valid, state.mtp
+    )
+    return logits, y, state._replace(mtp=cache, mtp_lengths=state.mtp_lengths + valid)
+
+
+__all__ = [
+    "AttentionCache",
+    "StepOutput",
+    "check_tokens",
+    "forward",
+    "forward_hidden",
+    "mtp_forward",
+    "mtp_window_step",
+    "prefill",
+    "step",
+    "window_step",
+]

@@ -1,0 +1,200 @@
+"""Layers of the Qwen3-Next / Qwen3.5 hybrid: gated attention, Gated DeltaNet, dense MLP, MoE.
+
+Every layer works on a window of t new tokens per sequence, appended at per-sequence offsets
+``start`` [b] with ``valid`` [b] of them real (the rest is padding that must not touch any state).
+With ``cache=None`` the layer sees the whole sequence from position 0 (teacher-forced forward).
+Math follows tests/fixtures/HF_NOTES.md; matmuls run at ``Precision.HIGHEST``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec import ops
+from mtpspec.config import ModelConfig
+from mtpspec.models.state import AttentionCache, GDNCache
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., in] @ w [in, out], float32 accumulation."""
+    return jnp.matmul(x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def norm(config: ModelConfig, x: jax.Array, w: jax.Array) -> jax.Array:
+    """(1 + w) RMS norm (decoder, final, q/k and MTP norms)."""
+    return ops.rms_norm(x, w, eps=config.rms_norm_eps, unit_offset=True)
+
+
+# ---- rotary embedding ---------------------------------------------------------------------------
+
+
+def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Partial NeoX-style RoPE on the first rotary_dim dims; x [b, t, h, d], positions [b, t]."""
+    rd = config.rotary_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, rd, 2, dtype=jnp.float32) / rd))
+    ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, rd/2]
+    cos = jnp.concatenate([jnp.cos(ang), jnp.cos(ang)], -1)[:, :, None]
+    sin = jnp.concatenate([jnp.sin(ang), jnp.sin(ang)], -1)[:, :, None]
+    xf = x.astype(jnp.float32)
+    rot, rest = xf[..., :rd], xf[..., rd:]
+    x1, x2 = rot[..., : rd // 2], rot[..., rd // 2 :]
+    rotated = rot * cos + jnp.concatenate([-x2, x1], -1) * sin
+    return jnp.concatenate([rotated, rest], -1).astype(x.dtype)
+
+
+# ---- gated full attention -----------------------------------------------------------------------
+
+
+def attention(
+    config: ModelConfig,
+    p: dict,
+    x: jax.Array,  # [b, t, H] normed input
+    start: jax.Array,  # [b] int32: position of x[:, 0]
+    valid: jax.Array,  # [b] int32: real tokens in the window
+    cache: AttentionCache | None,
+) -> tuple[jax.Array, AttentionCache | None]:
+    b, t, _ = x.shape
+    hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    q = linear(x, p["w_q"]).reshape(b, t, hq, hd)
+    gate = linear(x, p["w_gate"])
+    k = linear(x, p["w_k"]).reshape(b, t, hkv, hd)
+    v = linear(x, p["w_v"]).reshape(b, t, hkv, hd)
+    q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, t]
+    q, k = apply_rope(config, q, positions), apply_rope(config, k, positions)
+
+    if cache is None:
+        keys, values, key_pos = k, v, positions
+        new_cache = None
+    else:
+        dtype = cache.k.dtype
+        rows = jnp.arange(b)[:, None]
+        # Writes beyond capacity are dropped (never wrap around); callers check capacity first.
+        new_k = cache.k.at[rows, positions].set(k.astype(dtype), mode="drop")
+        new_v = cache.v.at[rows, positions].set(v.astype(dtype), mode="drop")
+        new_cache = AttentionCache(new_k, new_v)
+        keys, values = new_k, new_v
+        key_pos = jnp.broadcast_to(jnp.arange(new_k.shape[1], dtype=jnp.int32), (b, new_k.shape[1]))
+
+    r = hq // hkv
+    keys = jnp.repeat(keys.astype(jnp.float32), r, axis=2)
+    values = jnp.repeat(values.astype(jnp.float32), r, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), keys, precision=HIGHEST) * (
+        hd**-0.5
+    )
+    visible = key_pos[:, None, :] <= positions[:, :, None]  # causal, [b, q, k]
+    scores = jnp.where(visible[:, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    o = jnp.einsum("bhqk,bkhd->bqhd", probs, values, precision=HIGHEST).reshape(b, t, hq * hd)
+    o = o * jax.nn.sigmoid(gate)
+    del valid  # padded queries compute garbage that is never used; their KV rows stay stale
+    return linear(o.astype(x.dtype), p["w_o"]), new_cache
+
+
+# ---- gated delta net ----------------------------------------------------------------------------
+
+
+def gdn(
+    config: ModelConfig,
+    p: dict,
+    x: jax.Array,  # [b, t, H] normed input
+    valid: jax.Array,  # [b] int32
+    cache: GDNCache | None,
+    method: str,
+) -> tuple[jax.Array, GDNCache | None, dict]:
+    """Returns (out [b, t, H], new cache, commit data {conv_in, k, aux})."""
+    b, t, _ = x.shape
+    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    mixed = linear(x, p["w_qkv"]).astype(x.dtype)  # [b, t, c] pre-conv
+    z = linear(x, p["w_z"]).reshape(b, t, hv, dv)
+    beta = jax.nn.sigmoid(linear(x, p["w_b"]))
+    a = linear(x, p["w_a"])
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
+        a + p["dt_bias"].astype(jnp.float32)
+    )
+    real = jnp.arange(t)[None, :] < valid[:, None]  # [b, t]
+    g = jnp.where(real[..., None], g, 0.0)  # padding: no decay, no update -> state untouched
+    beta = jnp.where(real[..., None], beta, 0.0)
+
+    window = None if cache is None else cache.conv
+    conv_out, _ = ops.causal_conv1d(mixed, p["conv"], initial_window=window)
+    q, k, v = jnp.split(conv_out.astype(jnp.float32), [hk * dk, 2 * hk * dk], axis=-1)
+    q = ops.l2_norm(q.reshape(b, t, hk, dk))
+    k = ops.l2_norm(k.reshape(b, t, hk, dk))
+    v = v.reshape(b, t, hv, dv)
+    state0 = None if cache is None else cache.state
+    o, final, aux = ops.gated_delta_rule_with_aux(
+        q, k, v, g, beta, initial_state=state0, method=method
+    )
+    o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
+    out = linear(o.reshape(b, t, hv * dv).astype(x.dtype), p["w_out"])
+    new_cache = None
+    if cache is not None:
+        new_cache = GDNCache(final, ops.conv_window_after(cache.conv, mixed, valid))
+    commit = {"conv_in": mixed, "k": k, "aux": aux}
+    return out, new_cache, commit
+
+
+# ---- MLPs ---------------------------------------------------------------------------------------
+
+
+def dense_mlp(p: dict, x: jax.Array) -> jax.Array:
+    h = jax.nn.silu(linear(x, p["w_gate"])) * linear(x, p["w_up"])
+    return linear(h.astype(x.dtype), p["w_down"])
+
+
+def moe(config: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+    """Softmax router (f32) over all experts, top-k (renormalised when norm_topk_prob), plus a
+    sigmoid-gated shared expert. Every expert is evaluated densely and weighted (zero weight when
+    not selected): exact, and cheap at the small expert counts used here."""
+    logits = linear(x, p["router"])
+    probs = jax.nn.softmax(logits, axis=-1)
+    top_v, top_i = jax.lax.top_k(probs, config.num_experts_per_tok)
+    if config.norm_topk_prob:
+        top_v = top_v / jnp.sum(top_v, axis=-1, keepdims=True)
+    weights = jnp.sum(
+        jax.nn.one_hot(top_i, config.num_experts, dtype=jnp.float32) * top_v[..., None], axis=-2
+    )  # [b, t, E]
+    xe = x.astype(jnp.float32)
+    gate = jnp.einsum("bth,ehi->btei", xe, p["w_gate"].astype(jnp.float32), precision=HIGHEST)
+    up = jnp.einsum("bth,ehi->btei", xe, p["w_up"].astype(jnp.float32), precision=HIGHEST)
+    expert_out = jnp.einsum(
+        "btei,eih->bteh", jax.nn.silu(gate) * up, p["w_down"].astype(jnp.float32), precision=HIGHEST
+    )
+    out = jnp.einsum("bte,bteh->bth", weights, expert_out, precision=HIGHEST)
+    if "shared" in p:
+        out = out + jax.nn.sigmoid(linear(x, p["shared_gate"])) * dense_mlp(p["shared"], x)
+    return out
+
+
+def mlp(config: ModelConfig, kind: str, p: dict, x: jax.Array) -> jax.Array:
+    return moe(config, p, x) if kind == "moe" else dense_mlp(p, x)
+
+
+# ---- decoder layer ------------------------------------------------------------------------------
+
+
+def decoder_layer(
+    config: ModelConfig,
+    kind: tuple[str, str],  # (layer type, mlp type)
+    p: dict,
+    x: jax.Array,  # [b, t, H] residual stream
+    start: jax.Array,
+    valid: jax.Array,
+    cache,
+    gdn_method: str,
+):
+    """Pre-norm residual layer. Returns (x, new cache, commit data or None)."""
+    h = norm(config, x, p["input_norm"])
+    commit = None
+    if "attn" in p:
+        mixed, cache = attention(config, p["attn"], h, start, valid, cache)
+    else:
+        mixed, cache, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method)
+    x = x + mixed.astype(x.dtype)
+    x = x + mlp(config, kind[1], p["mlp"], norm(config, x, p["post_norm"])).astype(x.dtype)
+    return x, cache, commit

@@ -1,0 +1,87 @@
+"""The decode state: an immutable pytree passed in and returned (rollback = keep the old tree).
+
+Shape letters: b batch, n capacity (max tokens per sequence), h heads, d head dim, k/v GDN key/value
+dims, c conv channels, w conv width.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.config import FULL, ModelConfig
+
+
+class AttentionCache(NamedTuple):
+    """Fixed-capacity KV of one attention layer. Entries at or beyond a sequence's length are
+    stale and masked, never read."""
+
+    k: jax.Array  # [b, n, h_kv, d]
+    v: jax.Array  # [b, n, h_kv, d]
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch: int, capacity: int) -> AttentionCache:
+        shape = (batch, capacity, config.num_key_value_heads, config.head_dim)
+        dtype = jnp.dtype(config.dtype)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+
+class GDNCache(NamedTuple):
+    """Recurrent state (float32) and conv window (last w − 1 pre-conv inputs) of one GDN layer."""
+
+    state: jax.Array  # [b, h_v, k, v] float32
+    conv: jax.Array  # [b, w − 1, c]
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch: int) -> GDNCache:
+        state = jnp.zeros(
+            (
+                batch,
+                config.linear_num_value_heads,
+                config.linear_key_head_dim,
+                config.linear_value_head_dim,
+            ),
+            jnp.float32,
+        )
+        conv = jnp.zeros(
+            (batch, config.linear_conv_kernel_dim - 1, config.conv_channels),
+            jnp.dtype(config.dtype),
+        )
+        return cls(state, conv)
+
+
+class DecodeState(NamedTuple):
+    """Every layer's cache plus per-sequence lengths (tokens already folded into the caches).
+
+    ``mtp`` is the MTP layer's own KV cache; its row i pairs main-model position i with token i+1,
+    so it holds ``mtp_lengths`` entries (one behind the main model once caught up).
+    """
+
+    layers: tuple  # AttentionCache | GDNCache per decoder layer
+    lengths: jax.Array  # [b] int32
+    mtp: AttentionCache | None
+    mtp_lengths: jax.Array  # [b] int32
+
+    @property
+    def capacity(self) -> int:
+        for cache in self.layers:
+            if isinstance(cache, AttentionCache):
+                return cache.k.shape[1]
+        return self.mtp.k.shape[1] if self.mtp is not None else 2**31 - 1
+
+
+def init_decode_state(config: ModelConfig, batch: int, capacity: int) -> DecodeState:
+    """Empty state for ``batch`` sequences of at most ``capacity`` tokens each."""
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive int, got {batch!r}")
+    if not isinstance(capacity, int) or capacity < 1:
+        raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+    layers = tuple(
+        AttentionCache.init(config, batch, capacity) if t == FULL else GDNCache.init(config, batch)
+        for t in config.layer_types
+    )
+    mtp = AttentionCache.init(config, batch, capacity) if config.mtp_num_layers else None
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return DecodeState(layers=layers, lengths=zeros, mtp=mtp, mtp_lengths=zeros)
