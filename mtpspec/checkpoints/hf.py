@@ -25,6 +25,7 @@ always an error (missing tensor).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -406,24 +407,24 @@ def load_hf(
             if shapes[n] != want:
                 raise ValueError(f"tensor {n} has shape {list(shapes[n])}, expected {list(want)}")
 
+    # Tensor by tensor (one module's worth of host copies at a time), files held open.
     out_dtype = jnp.dtype(config.dtype)
-    by_file: dict[str, list[str]] = {}
-    for n in needed:
-        by_file.setdefault(where[n], []).append(n)
-    raw: dict[str, np.ndarray] = {}
-    with jax.default_device(jax.devices("cpu")[0]):
-        for file, ns in by_file.items():
-            with _open(file) as f:
-                for n in ns:
-                    try:
-                        raw[n] = np.asarray(f.get_tensor(n))
-                    except Exception as e:
-                        raise OSError(f"cannot read tensor {n} from {file}: {e}") from e
-
+    cpu = jax.devices("cpu")[0]
     params: dict = {"layers": [{} for _ in config.layer_types]}
-    for s in specs:
-        outs = s.fn(*(raw.pop(n) for n in s.names))
-        for out_path, value in zip(s.outs, outs, strict=True):
-            _set(params, out_path, jnp.asarray(np.ascontiguousarray(value).astype(out_dtype)))
+    with contextlib.ExitStack() as stack:
+        handles = {file: stack.enter_context(_open(file)) for file in sorted(set(where.values()))}
+
+        def read(n: str) -> np.ndarray:
+            try:
+                with jax.default_device(cpu):
+                    return np.asarray(handles[where[n]].get_tensor(n))
+            except Exception as e:
+                raise OSError(f"cannot read tensor {n} from {where[n]}: {e}") from e
+
+        for s in specs:
+            outs = s.fn(*(read(n) for n in s.names))
+            for out_path, value in zip(s.outs, outs, strict=True):
+                value = np.ascontiguousarray(value).astype(out_dtype)
+                _set(params, out_path, jnp.asarray(value))
     _check_tree(params, config)
     return config, params
