@@ -55,7 +55,7 @@ def lm_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array
     return layers.linear(hidden, w)
 
 
-def _run_layers(config, params, x, start, valid, caches, gdn_method):
+def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=False):
     new_caches, commits = [], []
     for i, p in enumerate(params["layers"]):
         kind = (config.layer_types[i], config.mlp_types[i])
@@ -88,15 +88,18 @@ def forward_hidden(config: ModelConfig, params: dict, tokens, *, gdn_method: str
     return _forward(config, params, jnp.asarray(tokens, jnp.int32), gdn_method)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gdn_method"))
-def _window_step(config, params, state, tokens, valid, gdn_method):
+def window_step_impl(config, params, state, tokens, valid, gdn_method, gdn_states=False):
+    """Unjitted body of ``window_step`` (for use inside other jitted code)."""
     x = params["embed"][tokens]
     x, caches, commits = _run_layers(
-        config, params, x, state.lengths, valid, state.layers, gdn_method
+        config, params, x, state.lengths, valid, state.layers, gdn_method, gdn_states
     )
     hidden = layers.norm(config, x, params["final_norm"])
     new_state = state._replace(layers=caches, lengths=state.lengths + valid)
     return StepOutput(lm_logits(config, params, hidden), hidden, new_state, commits)
+
+
+_window_step = jax.jit(window_step_impl, static_argnames=("config", "gdn_method", "gdn_states"))
 
 
 def window_step(
@@ -184,14 +187,16 @@ def mtp_forward(config: ModelConfig, params: dict, hidden, next_tokens, start=No
     return _mtp_forward(config, params, hidden, jnp.asarray(next_tokens, jnp.int32), start)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def mtp_window_step(config, params, state: DecodeState, hidden, next_tokens, valid):
+def mtp_window_step_impl(config, params, state: DecodeState, hidden, next_tokens, valid):
     """Cached MTP window: rows appended to the MTP KV cache at ``state.mtp_lengths``.
     Returns (logits [b, t, V], mtp hidden [b, t, H], new state)."""
     logits, y, cache = _mtp_core(
         config, params, hidden, next_tokens, state.mtp_lengths, valid, state.mtp
     )
     return logits, y, state._replace(mtp=cache, mtp_lengths=state.mtp_lengths + valid)
+
+
+mtp_window_step = jax.jit(mtp_window_step_impl, static_argnames=("config",))
 
 
 __all__ = [

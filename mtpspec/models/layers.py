@@ -104,8 +104,13 @@ def gdn(
     valid: jax.Array,  # [b] int32
     cache: GDNCache | None,
     method: str,
+    return_states: bool = False,
 ) -> tuple[jax.Array, GDNCache | None, dict]:
-    """Returns (out [b, t, H], new cache, commit data {conv_in, k, aux})."""
+    """Returns (out [b, t, H], new cache, commit data).
+
+    Commit data, per window position: ``conv_in`` [b, t, c] pre-conv inputs; ``k`` [b, t, hv, dk]
+    normalised keys expanded to value heads; ``v`` [b, t, hv, dv]; ``g``, ``beta`` [b, t, hv] (zero
+    on padding); ``aux`` the GDNAux (u_t, cumulative gates, per-position states if requested)."""
     b, t, _ = x.shape
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
@@ -128,14 +133,15 @@ def gdn(
     v = v.reshape(b, t, hv, dv)
     state0 = None if cache is None else cache.state
     o, final, aux = ops.gated_delta_rule_with_aux(
-        q, k, v, g, beta, initial_state=state0, method=method
+        q, k, v, g, beta, initial_state=state0, method=method, return_states=return_states
     )
     o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
     out = linear(o.reshape(b, t, hv * dv).astype(x.dtype), p["w_out"])
     new_cache = None
     if cache is not None:
         new_cache = GDNCache(final, ops.conv_window_after(cache.conv, mixed, valid))
-    commit = {"conv_in": mixed, "k": k, "aux": aux}
+    k_heads = jnp.repeat(k, hv // hk, axis=2) if hv != hk else k
+    commit = {"conv_in": mixed, "k": k_heads, "v": v, "g": g, "beta": beta, "aux": aux}
     return out, new_cache, commit
 
 
@@ -187,6 +193,7 @@ def decoder_layer(
     valid: jax.Array,
     cache,
     gdn_method: str,
+    gdn_states: bool = False,
 ):
     """Pre-norm residual layer. Returns (x, new cache, commit data or None)."""
     h = norm(config, x, p["input_norm"])
@@ -194,7 +201,7 @@ def decoder_layer(
     if "attn" in p:
         mixed, cache = attention(config, p["attn"], h, start, valid, cache)
     else:
-        mixed, cache, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method)
+        mixed, cache, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method, gdn_states)
     x = x + mixed.astype(x.dtype)
     x = x + mlp(config, kind[1], p["mlp"], norm(config, x, p["post_norm"])).astype(x.dtype)
     return x, cache, commit
