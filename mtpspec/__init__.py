@@ -5,10 +5,25 @@ Table of contents:
   mtpspec.config       ModelConfig (Qwen3-Next / Qwen3.5), from_hf_config, presets
   mtpspec.models       parameters, layers, decoder + MTP head, decode state, prefill/step/window
   mtpspec.checkpoints  load_hf (HF safetensors, both families, mtp.*), orbax save/restore
+  mtpspec.decoding     generate / generate_stream, SpecConfig, commit strategies, proposers
+
+  mtpspec.generate, mtpspec.SpecConfig   the main entry points (see DESIGN.md)
 """
 
-from mtpspec import checkpoints, config, models, ops
+from mtpspec import checkpoints, config, decoding, models, ops
 from mtpspec.config import ModelConfig
+from mtpspec.decoding import GenerateResult, SpecConfig, generate, generate_stream
 
-__all__ = ["ModelConfig", "checkpoints", "config", "models", "ops"]
+__all__ = [
+    "GenerateResult",
+    "ModelConfig",
+    "SpecConfig",
+    "checkpoints",
+    "config",
+    "decoding",
+    "generate",
+    "generate_stream",
+    "models",
+    "ops",
+]
 __version__ = "0.1.0"

@@ -60,7 +60,9 @@ def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=
     for i, p in enumerate(params["layers"]):
         kind = (config.layer_types[i], config.mlp_types[i])
         cache = None if caches is None else caches[i]
-        x, cache, commit = layers.decoder_layer(config, kind, p, x, start, valid, cache, gdn_method)
+        x, cache, commit = layers.decoder_layer(
+            config, kind, p, x, start, valid, cache, gdn_method, gdn_states
+        )
         new_caches.append(cache)
         commits.append(commit)
     return x, tuple(new_caches), tuple(commits)

@@ -1,0 +1,95 @@
+"""Commit a verified window to exactly its accepted prefix.
+
+After verification folded the whole window [pending, d_1..d_k] into ``verified``, the state is
+rebuilt from the kept pre-draft ``snapshot`` (free: the state is immutable) for n = a + 1 accepted
+positions per sequence (n = 0 leaves the snapshot unchanged):
+
+  GDN recurrent state, by strategy (results equal):
+    "scan"    masked ``lax.scan`` re-advance of the recurrence over the saved per-position inputs
+              (k, v, g, β); always t steps, masked by n (static shapes).
+    "states"  select the per-position state S_n that verification returned (needs
+              ``gdn_states=True`` in the verify pass).
+    "replay"  closed form S_n = e^{G_n} S_0 + Σ_{i≤n} e^{G_n − G_i} k_i u_iᵀ from the u_t the
+              verify pass already computed (``ops.state_after``).
+  GDN conv window: slice of [old window ‖ window inputs] at offset n.
+  Attention KV (target): the verified cache with length L + n; rows beyond are stale, masked.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec import ops
+from mtpspec.models.state import DecodeState, GDNCache
+
+COMMIT_STRATEGIES = ("scan", "states", "replay")
+
+
+def _scan_state(state0, commit, n):
+    """Re-advance the recurrence over the first n window positions (masked scan)."""
+    k, v, g, beta = commit["k"], commit["v"], commit["g"], commit["beta"]
+    t = k.shape[1]
+    hi = jax.lax.Precision.HIGHEST
+
+    def step(state, xs):
+        j, k_t, v_t, g_t, b_t = xs  # [b, h, dk], [b, h, dv], [b, h], [b, h]
+        new = state * jnp.exp(g_t)[..., None, None]
+        u = b_t[..., None] * (v_t - jnp.einsum("bhkv,bhk->bhv", new, k_t, precision=hi))
+        new = new + k_t[..., :, None] * u[..., None, :]
+        keep = (j < n)[:, None, None, None]
+        return jnp.where(keep, new, state), None
+
+    xs = (jnp.arange(t),) + tuple(
+        jnp.moveaxis(x, 1, 0).astype(jnp.float32) for x in (k, v, g, beta)
+    )
+    final, _ = jax.lax.scan(step, state0, xs)
+    return final
+
+
+def _select_state(state0, commit, n):
+    states = commit["aux"].states
+    if states is None:
+        raise ValueError("commit='states' needs per-position states from verification")
+    idx = jnp.clip(n - 1, 0, states.shape[1] - 1)
+    picked = jnp.take_along_axis(states, idx[:, None, None, None, None], axis=1)[:, 0]
+    return jnp.where((n > 0)[:, None, None, None], picked, state0)
+
+
+def commit_gdn(cache0: GDNCache, commit: dict, n: jax.Array, strategy: str) -> GDNCache:
+    """The GDN cache after the first ``n`` [b] positions of the verified window."""
+    if strategy == "scan":
+        state = _scan_state(cache0.state, commit, n)
+    elif strategy == "states":
+        state = _select_state(cache0.state, commit, n)
+    elif strategy == "replay":
+        state = ops.state_after(cache0.state, commit["k"], commit["aux"], n)
+    else:
+        raise ValueError(
+            f"unknown commit strategy {strategy!r}; expected one of {COMMIT_STRATEGIES}"
+        )
+    conv = ops.conv_window_after(cache0.conv, commit["conv_in"], n)
+    return GDNCache(state, conv.astype(cache0.conv.dtype))
+
+
+def commit_window(
+    snapshot: DecodeState,  # before the verify window
+    verified: DecodeState,  # after folding the whole window
+    commits: tuple,  # per layer: GDN commit data, or None for attention layers
+    n: jax.Array,  # [b] int32: window positions to keep
+    strategy: str,
+) -> DecodeState:
+    """The target state holding exactly the first ``n`` window positions."""
+    layers = []
+    for before, after, data in zip(snapshot.layers, verified.layers, commits, strict=True):
+        if isinstance(before, GDNCache):
+            layers.append(commit_gdn(before, data, n, strategy))
+        else:  # attention: keep the written KV, rewind the length
+            layers.append(after)
+    return verified._replace(layers=tuple(layers), lengths=snapshot.lengths + n)
+
+
+def rewind_kv_only(snapshot: DecodeState, verified: DecodeState, n: jax.Array) -> DecodeState:
+    """The WRONG commit (negative control): rewind lengths only, keep the GDN caches as verified.
+    Correct for pure-attention models, silently corrupt for recurrent layers."""
+    return verified._replace(lengths=snapshot.lengths + n)
