@@ -112,9 +112,11 @@ def window_step(
     valid=None,
     *,
     gdn_method: str = "auto",
+    gdn_states: bool = False,
 ) -> StepOutput:
     """Fold ``tokens`` [b, t] into the state at each sequence's length; ``valid`` [b] (default t)
-    says how many are real (the rest is padding and leaves every cache as if absent)."""
+    says how many are real (the rest is padding and leaves every cache as if absent).
+    ``gdn_states``: also return every per-position GDN state in the commit data."""
     check_tokens(config, tokens)
     b, t = tokens.shape
     if b != state.lengths.shape[0]:
@@ -124,7 +126,8 @@ def window_step(
     valid = jnp.full((b,), t, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
     if valid.shape != (b,):
         raise ValueError(f"valid must have shape {(b,)}, got {valid.shape}")
-    return _window_step(config, params, state, jnp.asarray(tokens, jnp.int32), valid, gdn_method)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    return _window_step(config, params, state, tokens, valid, gdn_method, gdn_states)
 
 
 def prefill(

@@ -1,0 +1,296 @@
+"""Speculative decoding oracles: commit(j) vs fresh replay for every j, speculative greedy vs plain
+greedy token for token, and the loop's contracts (compiles, capacity, eos, streaming, errors)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import mtpspec
+from mtpspec import checkpoints, models
+from mtpspec import config as C
+from mtpspec.decoding import commit_window, ngram_propose, rewind_kv_only
+from mtpspec.models import GDNCache
+from tests.gdn_testing import rel_err
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
+# A tiny vocabulary makes random models repeat themselves, so n-gram drafts hit and even a random
+# MTP head is right now and then: every accepted length 0..k occurs.
+SMALL_VOCAB = 8
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
+
+
+@pytest.fixture(scope="module")
+def moe_model():
+    config = C.tiny_moe(vocab_size=SMALL_VOCAB)
+    return config, models.init_params(config, jax.random.key(3), norm_scale=0.1)
+
+
+@pytest.fixture(scope="module")
+def plain_moe(moe_model):
+    config, params = moe_model
+    return mtpspec.generate(config, params, PROMPTS, max_new_tokens=24)
+
+
+# ---- commit --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["scan", "states", "replay"])
+def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strategy):
+    config, params = moe_model
+    k = 4
+    seq = jax.random.randint(jax.random.key(7), (2, 6 + k + 1), 0, config.vocab_size)
+    pre = models.prefill(config, params, seq[:, :6], capacity=32)
+    snapshot, window = pre.state, seq[:, 6:]
+    verified = models.window_step(config, params, snapshot, window, gdn_states=strategy == "states")
+    for j in range(k + 2):
+        n = jnp.asarray([j, k + 1 - j], jnp.int32)
+        got = commit_window(snapshot, verified.state, verified.commit, n, strategy)
+        fresh = models.window_step(config, params, snapshot, window, n).state
+        np.testing.assert_array_equal(got.lengths, fresh.lengths)
+        for a, b in zip(got.layers, fresh.layers, strict=True):
+            if isinstance(a, GDNCache):
+                assert rel_err(a.state, b.state) <= 1e-6, (strategy, j)
+                np.testing.assert_array_equal(a.conv, b.conv)
+        # The committed state continues exactly like the full sequence's forward.
+        nxt = jnp.asarray([1, 2], jnp.int32)
+        logits = models.step(config, params, got, nxt).logits[:, 0]
+        for i in range(2):
+            own = jnp.concatenate([seq[i, : 6 + int(n[i])], nxt[i : i + 1]])
+            want = models.forward(config, params, own[None])[0, -1]
+            assert rel_err(logits[i], want) <= 1e-5, (strategy, j, i)
+
+
+def test_negative_control_kv_only_rewind_leaves_gdn_state_wrong(moe_model):
+    """Rewinding only the attention KV length (what a pure-attention engine does) is wrong here."""
+    config, params = moe_model
+    seq = jax.random.randint(jax.random.key(8), (1, 10), 0, config.vocab_size)
+    pre = models.prefill(config, params, seq[:, :6], capacity=32)
+    verified = models.window_step(config, params, pre.state, seq[:, 6:])
+    n = jnp.asarray([2], jnp.int32)
+    bad = rewind_kv_only(pre.state, verified.state, n)
+    good = commit_window(pre.state, verified.state, verified.commit, n, "scan")
+    want = models.forward(config, params, jnp.concatenate([seq[:, :8], seq[:, :1]], 1))[0, -1]
+    good_logits = models.step(config, params, good, seq[:, 0]).logits[0, 0]
+    bad_logits = models.step(config, params, bad, seq[:, 0]).logits[0, 0]
+    assert rel_err(good_logits, want) <= 1e-5
+    assert rel_err(bad_logits, want) > 1e-3
+    bad_gdn = [c for c in bad.layers if isinstance(c, GDNCache)][0]
+    good_gdn = [c for c in good.layers if isinstance(c, GDNCache)][0]
+    assert rel_err(bad_gdn.state, good_gdn.state) > 1e-3
+
+
+# ---- speculative greedy == plain greedy ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+@pytest.mark.parametrize("strategy", ["scan", "states", "replay"])
+@pytest.mark.parametrize("proposer", ["mtp", "ngram"])
+def test_speculative_greedy_equals_plain_greedy(moe_model, plain_moe, proposer, strategy, k):
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer=proposer, num_draft=k, commit=strategy)
+    result = mtpspec.generate(config, params, PROMPTS, max_new_tokens=24, speculative=spec)
+    assert result.tokens == plain_moe.tokens
+    assert result.stop_reasons == ["length", "length"]
+    stats = result.stats
+    assert len(stats["position_acceptance"]) == k
+    assert 1.0 <= stats["tau"] <= k + 1
+    emitted = sum(len(t) for t in result.tokens) - len(PROMPTS)  # prefill tokens excluded
+    verify_tokens = sum(a + 1 for seq in stats["accepted"] for a in seq if a >= 0)
+    assert verify_tokens >= emitted  # the last step may be cut at max_new_tokens
+
+
+def test_ngram_drafts_are_accepted_on_repetitive_text(moe_model, plain_moe):
+    """Feed the model its own greedy output as prompt: n-gram drafts must hit (τ > 1.5)."""
+    config, params = moe_model
+    prompts = [PROMPTS[0] + plain_moe.tokens[0]]
+    plain = mtpspec.generate(config, params, prompts, max_new_tokens=24)
+    spec = mtpspec.SpecConfig(proposer="ngram", num_draft=4, commit="replay")
+    result = mtpspec.generate(config, params, prompts, max_new_tokens=24, speculative=spec)
+    assert result.tokens == plain.tokens
+    assert result.stats["tau"] > 1.5
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
+def fixture_model(request):
+    config, params = checkpoints.load_hf(FIXTURES / request.param, dtype="float32")
+    return config, params, np.load(FIXTURES / request.param / "reference.npz")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [None, ("mtp", 3, "scan"), ("ngram", 2, "replay"), ("mtp", 2, "states")],
+    ids=["plain", "mtp-scan", "ngram-replay", "mtp-states"],
+)
+def test_fixture_checkpoints_decode_exactly_like_transformers(fixture_model, spec):
+    config, params, ref = fixture_model
+    prompts = ref["prompt_ids"].tolist()
+    speculative = None if spec is None else mtpspec.SpecConfig(*spec)
+    n = ref["generated_ids"].shape[1]
+    result = mtpspec.generate(config, params, prompts, max_new_tokens=n, speculative=speculative)
+    np.testing.assert_array_equal(np.asarray(result.tokens), ref["generated_ids"])
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    data=st.data(),
+    k=st.integers(1, 5),
+    strategy=st.sampled_from(["scan", "states", "replay"]),
+    proposer=st.sampled_from(["mtp", "ngram"]),
+)
+def test_fuzzed_prompts_and_configs_speculative_equals_plain(
+    moe_model, data, k, strategy, proposer
+):
+    config, params = moe_model
+    batch = data.draw(st.integers(1, 3))
+    prompts = [
+        data.draw(st.lists(st.integers(0, SMALL_VOCAB - 1), min_size=1, max_size=15))
+        for _ in range(batch)
+    ]
+    max_new = data.draw(st.integers(1, 20))
+    plain = mtpspec.generate(config, params, prompts, max_new_tokens=max_new)
+    spec = mtpspec.SpecConfig(proposer=proposer, num_draft=k, commit=strategy)
+    result = mtpspec.generate(config, params, prompts, max_new_tokens=max_new, speculative=spec)
+    assert result.tokens == plain.tokens
+    assert all(len(t) == max_new for t in result.tokens)
+
+
+# ---- loop contracts -----------------------------------------------------------------------------
+
+
+def test_a_64_token_generation_compiles_once(moe_model):
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer="ngram", num_draft=3, commit="scan")
+    before = mtpspec.decoding.compile_count()
+    first = mtpspec.generate(config, params, [[1, 2, 3]], max_new_tokens=64, speculative=spec)
+    assert mtpspec.decoding.compile_count() == before + 1
+    assert first.stats["compile_s"] > 0
+    again = mtpspec.generate(config, params, [[3, 2, 1]], max_new_tokens=60, speculative=spec)
+    assert mtpspec.decoding.compile_count() == before + 1  # same buckets: no recompile
+    assert again.stats["compile_s"] == 0.0
+    assert len(first.tokens[0]) == 64 and len(again.tokens[0]) == 60
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_capacity_stops_cleanly_with_a_status(moe_model, plain_moe, k):
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer="ngram", num_draft=k) if k else None
+    result = mtpspec.generate(
+        config, params, PROMPTS, max_new_tokens=24, speculative=spec, capacity=20
+    )
+    assert result.stop_reasons == ["capacity", "capacity"]
+    for got, want in zip(result.tokens, plain_moe.tokens, strict=True):
+        assert 1 <= len(got) < 24
+        assert got == want[: len(got)]  # a clean prefix, no corruption
+
+
+@pytest.mark.parametrize("spec", [None, ("ngram", 3, "replay"), ("mtp", 2, "scan")])
+def test_eos_stops_each_sequence_at_its_first_eos(moe_model, plain_moe, spec):
+    config, params = moe_model
+    eos = plain_moe.tokens[0][5]
+    speculative = None if spec is None else mtpspec.SpecConfig(*spec)
+    result = mtpspec.generate(
+        config, params, PROMPTS, max_new_tokens=24, speculative=speculative, eos_id=eos
+    )
+    for got, want, reason in zip(result.tokens, plain_moe.tokens, result.stop_reasons, strict=True):
+        if eos in want:
+            cut = want.index(eos) + 1
+            assert got == want[:cut] and reason == "eos"
+        else:
+            assert got == want and reason == "length"
+
+
+def test_streaming_yields_the_same_tokens(moe_model, plain_moe):
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer="ngram", num_draft=2, commit="states")
+    pieces = list(
+        mtpspec.generate_stream(config, params, PROMPTS, max_new_tokens=24, speculative=spec)
+    )
+    joined = [sum((p[i] for p in pieces), []) for i in range(len(PROMPTS))]
+    assert joined == plain_moe.tokens
+    assert len(pieces) > 2
+
+
+def test_plain_sampling_is_reproducible_and_seeded(moe_model):
+    config, params = moe_model
+    kw = dict(max_new_tokens=16, temperature=1.0, top_k=5, top_p=0.9)
+    a = mtpspec.generate(config, params, PROMPTS, seed=1, **kw)
+    b = mtpspec.generate(config, params, PROMPTS, seed=1, **kw)
+    c = mtpspec.generate(config, params, PROMPTS, seed=2, **kw)
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    assert all(0 <= t < config.vocab_size for seq in a.tokens for t in seq)
+
+
+def test_ngram_propose_matches_python_reference():
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        size, k = 24, 3
+        length = int(rng.integers(1, size))
+        row = rng.integers(0, 3, size=size)
+        hist = jnp.asarray(row[None], jnp.int32)
+        got = np.asarray(ngram_propose(hist, jnp.asarray([length]), k, 1, 3))[0]
+        seq = row[:length].tolist()
+        want = [seq[-1]] * k
+        for n in (3, 2, 1):
+            if len(seq) <= n:
+                continue
+            suffix = seq[-n:]
+            ends = [p for p in range(n - 1, length - 1) if seq[p - n + 1 : p + 1] == suffix]
+            if ends:
+                p = max(ends)
+                want = [seq[p + 1 + i] if p + 1 + i < length else seq[-1] for i in range(k)]
+                break
+        assert got.tolist() == want, (seq, got, want)
+
+
+def _bad_calls(config, params):
+    spec = mtpspec.SpecConfig
+    ok = dict(prompts=[[1, 2]], max_new_tokens=4)
+    return [
+        (dict(ok, speculative=spec(num_draft=0)), ValueError, "num_draft"),
+        (dict(ok, speculative=spec(proposer="oracle")), ValueError, "unknown proposer"),
+        (dict(ok, speculative=spec(commit="rewind")), ValueError, "unknown commit"),
+        (dict(ok, speculative=spec(verify_method="fast")), ValueError, "verify_method"),
+        (dict(ok, prompts=[[1, SMALL_VOCAB]]), ValueError, "outside the vocabulary"),
+        (dict(ok, prompts=[[1, -1]]), ValueError, "outside the vocabulary"),
+        (dict(ok, prompts=[[]]), ValueError, "prompt 0 is empty"),
+        (dict(ok, prompts=[]), ValueError, "non-empty list"),
+        (dict(ok, prompts=[[1.0, 2.0]]), TypeError, "non-integer token"),
+        (dict(ok, prompts=np.zeros((1, 3), np.int32)), TypeError, "ragged batch"),
+        (dict(ok, max_new_tokens=-1), ValueError, "max_new_tokens"),
+        (dict(ok, max_new_tokens=2.0), TypeError, "max_new_tokens"),
+        (dict(ok, temperature=-1.0), ValueError, "temperature"),
+        (dict(ok, top_p=0.0), ValueError, "top_p"),
+        (dict(ok, top_k=-2), ValueError, "top_k"),
+        (dict(ok, eos_id=SMALL_VOCAB), ValueError, "eos_id"),
+        (dict(ok, capacity=2), ValueError, "capacity"),
+        (dict(ok, speculative=spec(), temperature=0.7), ValueError, "speculative sampling"),
+        (dict(ok, speculative="mtp"), TypeError, "SpecConfig"),
+        (dict(ok, speculative=spec(proposer="draft")), NotImplementedError, "draft"),
+        (dict(ok, mesh=object()), NotImplementedError, "mesh"),
+    ]
+
+
+def test_bad_arguments_raise_before_device_work(moe_model):
+    config, params = moe_model
+    before = mtpspec.decoding.compile_count()
+    for kwargs, exc, match in _bad_calls(config, params):
+        with pytest.raises(exc, match=match):
+            mtpspec.generate(config, params, **kwargs)
+    no_mtp = {k: v for k, v in params.items() if k != "mtp"}
+    with pytest.raises(ValueError, match="MTP head"):
+        mtpspec.generate(config, no_mtp, [[1]], max_new_tokens=2, speculative=mtpspec.SpecConfig())
+    assert mtpspec.decoding.compile_count() == before
+
+
+def test_zero_new_tokens_returns_empty(moe_model):
+    config, params = moe_model
+    result = mtpspec.generate(config, params, PROMPTS, max_new_tokens=0)
+    assert result.tokens == [[], []]
