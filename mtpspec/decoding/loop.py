@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from mtpspec.config import ModelConfig
+from mtpspec.decoding import sampling
 from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window
-from mtpspec.decoding.proposers import mtp_catch_up_and_draft, ngram_propose
-from mtpspec.decoding.sampling import check_sampling_args, select_tokens
+from mtpspec.decoding.proposers import draft_model_propose, mtp_catch_up_and_draft, ngram_propose
+from mtpspec.decoding.sampling import check_sampling_args, draft_probs, select_tokens
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
 
@@ -43,7 +44,8 @@ class SpecConfig:
     """Speculative decoding settings.
 
     proposer: "mtp" (the model's MTP head, chained for k > 1), "ngram" (prompt lookup over each
-    sequence's history, n in ngram_min..ngram_max), "draft" (a separate model; not built yet).
+    sequence's history, n in ngram_min..ngram_max), "draft" (a separate mtpspec model sharing the
+    vocabulary: ``draft_config``, ``draft_params``; its state is committed like the target's).
     num_draft: k drafts per verify step. commit: "scan" | "states" | "replay" (equal results).
     verify_method: GDN form inside the verify window ("auto" = ops.resolve_gdn_method).
     """
@@ -82,7 +84,23 @@ class SpecConfig:
                 f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}"
             )
         if self.proposer == "draft":
-            raise NotImplementedError("proposer='draft' is not implemented yet")
+            if not isinstance(self.draft_config, ModelConfig) or self.draft_params is None:
+                raise ValueError(
+                    "proposer='draft' needs draft_config (a ModelConfig) and draft_params"
+                )
+            if self.draft_config.vocab_size != config.vocab_size:
+                raise ValueError(
+                    f"draft model vocabulary ({self.draft_config.vocab_size}) differs from the "
+                    f"target's ({config.vocab_size})"
+                )
+            if not isinstance(self.draft_params, dict) or "embed" not in self.draft_params:
+                raise TypeError("draft_params must be a parameter tree (dict) of the draft model")
+            shape = tuple(self.draft_params["embed"].shape)
+            want = (self.draft_config.vocab_size, self.draft_config.hidden_size)
+            if shape != want:
+                raise ValueError(
+                    f"draft_params['embed'] has shape {shape}, draft_config says {want}"
+                )
 
 
 class _Static(NamedTuple):
@@ -99,6 +117,7 @@ class _Static(NamedTuple):
     top_p: float
     capacity: int
     out_size: int
+    draft_config: ModelConfig | None = None
 
 
 class GenerateResult(NamedTuple):
@@ -114,6 +133,8 @@ class _Carry(NamedTuple):
     state: Any
     pending: jax.Array  # [b]
     drafts: jax.Array  # [b, k]
+    q: jax.Array  # [b, k, V] draft probabilities when sampling, [b, k, 0] when greedy
+    dstate: Any  # the draft model's DecodeState (proposer "draft"), else None
     hist: jax.Array  # [b, capacity + 1] prompt + emitted tokens (for n-gram lookup)
     out: jax.Array  # [b, out_size]
     count: jax.Array  # [b] emitted so far
@@ -130,13 +151,30 @@ def _selector(s: _Static, key):
     return select
 
 
+def _draft_selector(s: _Static, key):
+    """(logits, salt) -> (ids, q): drafts are drawn from q at the same sampling settings."""
+
+    def select(logits, salt):
+        ids = select_tokens(logits, jax.random.fold_in(key, salt), s.temperature, s.top_k, s.top_p)
+        return ids, draft_probs(logits, s.temperature, s.top_k, s.top_p)
+
+    return select
+
+
+def _ngram_q(s: _Static, drafts):
+    """n-gram drafts are deterministic: q is one-hot on the draft."""
+    if s.temperature == 0.0:
+        return jnp.zeros(drafts.shape + (0,), jnp.float32)
+    return jax.nn.one_hot(drafts, s.config.vocab_size, dtype=jnp.float32)
+
+
 def _check_capacity(s: _Static, lengths, stop):
     """Stop sequences whose next verify window would not fit (never wrap around)."""
     full = lengths + s.k + 1 > s.capacity
     return jnp.where((stop == RUNNING) & full, STOP_CAPACITY, stop)
 
 
-def _prefill(s: _Static, params, prompts, lengths, max_new, eos, key) -> _Carry:
+def _prefill(s: _Static, params, dparams, prompts, lengths, max_new, eos, key) -> _Carry:
     b, p = prompts.shape
     state = init_decode_state(s.config, b, s.capacity)
     out = window_step_impl(s.config, params, state, prompts, lengths, "auto")
@@ -145,47 +183,65 @@ def _prefill(s: _Static, params, prompts, lengths, max_new, eos, key) -> _Carry:
     first = _selector(s, jax.random.fold_in(key, 2**30))(last_logits, 0)
     state = out.state
     drafts = jnp.zeros((b, s.k), jnp.int32)
+    q = jnp.zeros_like(_ngram_q(s, drafts))
+    dstate = None
+    hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :p].set(prompts)
+    hist = hist.at[jnp.arange(b), lengths].set(first)
     if s.proposer == "mtp":
         nxt = jnp.concatenate([prompts[:, 1:], prompts[:, :1]], axis=1)
         nxt = jnp.where(jnp.arange(p)[None] == (lengths - 1)[:, None], first[:, None], nxt)
-        drafts, state = mtp_catch_up_and_draft(
-            s.config,
-            params,
-            state,
-            out.hidden,
-            nxt,
-            lengths,
-            s.k,
-            _selector(s, jax.random.fold_in(key, 2**30 + 1)),
+        select = _draft_selector(s, jax.random.fold_in(key, 2**30 + 1))
+        drafts, q, state = mtp_catch_up_and_draft(
+            s.config, params, state, out.hidden, nxt, lengths, s.k, select
         )
-    hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :p].set(prompts)
-    hist = hist.at[jnp.arange(b), lengths].set(first)
-    if s.proposer == "ngram":
+    elif s.proposer == "ngram":
         drafts = ngram_propose(hist, lengths + 1, s.k, *s.ngram)
+        q = _ngram_q(s, drafts)
+    elif s.proposer == "draft":
+        dstate = init_decode_state(s.draft_config, b, s.capacity)
+        dstate = window_step_impl(s.draft_config, dparams, dstate, prompts, lengths, "auto").state
     out_buf = jnp.zeros((b, s.out_size), jnp.int32).at[:, 0].set(first)
     count = jnp.ones((b,), jnp.int32)
     stop = jnp.where(first == eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
     stop = _check_capacity(s, state.lengths, stop)
     accepts = jnp.full((s.out_size, b), -1, jnp.int32)
-    return _Carry(state, first, drafts, hist, out_buf, count, stop, accepts, jnp.int32(0), key)
+    return _Carry(
+        state, first, drafts, q, dstate, hist, out_buf, count, stop, accepts, jnp.int32(0), key
+    )
 
 
-def _step(s: _Static, params, max_new, eos, c: _Carry) -> _Carry:
+def _step(s: _Static, params, dparams, max_new, eos, c: _Carry) -> _Carry:
     k = s.k
     b = c.pending.shape[0]
     active = c.stop == RUNNING
-    window = jnp.concatenate([c.pending[:, None], c.drafts], axis=1)  # [b, k + 1]
+    step_key = jax.random.fold_in(c.key, c.step)
+    drafts, q = c.drafts, c.q
+    if s.proposer == "draft":
+        select = _draft_selector(s, jax.random.fold_in(step_key, 1))
+        drafts, q, dafter, dcommits = draft_model_propose(
+            s.draft_config, dparams, c.dstate, c.pending, active, k, select, s.commit == "states"
+        )
+    window = jnp.concatenate([c.pending[:, None], drafts], axis=1)  # [b, k + 1]
     valid = jnp.where(active, k + 1, 0).astype(jnp.int32)
     verified = window_step_impl(
         s.config, params, c.state, window, valid, s.verify_method, s.commit == "states"
     )
-    select = _selector(s, jax.random.fold_in(c.key, c.step))
-    target = select(verified.logits, 0)  # [b, k + 1]
-    if k:
-        same = (c.drafts == target[:, :k]).astype(jnp.int32)
-        accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1)  # a
-    else:
-        accepted = jnp.zeros((b,), jnp.int32)
+    if k and s.temperature > 0:  # lossless rejection sampling
+        accepted, token = sampling.speculative_accept(
+            jax.random.fold_in(step_key, 0),
+            verified.logits,
+            drafts,
+            q,
+            s.temperature,
+            s.top_k,
+            s.top_p,
+        )
+        new_token = token[:, None]
+    else:  # greedy acceptance (or plain decoding, k = 0)
+        target = _selector(s, step_key)(verified.logits, 0)  # [b, k + 1]
+        same = (drafts == target[:, :k]).astype(jnp.int32)
+        accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)  # a
+        new_token = jnp.take_along_axis(target, accepted[:, None], axis=1)  # [b, 1]
     n = jnp.where(active, accepted + 1, 0)
     if k:
         state = commit_window(c.state, verified.state, verified.commit, n, s.commit)
@@ -193,9 +249,8 @@ def _step(s: _Static, params, max_new, eos, c: _Carry) -> _Carry:
         state = verified.state  # the window is exactly the accepted prefix
     # emitted e_j: accepted drafts, then the target's token at position a
     j = jnp.arange(k + 1)[None, :]
-    new_token = jnp.take_along_axis(target, accepted[:, None], axis=1)  # [b, 1]
     emitted = jnp.where(
-        j < accepted[:, None], jnp.concatenate([c.drafts, new_token], axis=1), new_token
+        j < accepted[:, None], jnp.concatenate([drafts, new_token], axis=1), new_token
     )
     m = n  # tokens emitted this step
     is_eos = (emitted == eos) & (j < m[:, None])
@@ -214,32 +269,31 @@ def _step(s: _Static, params, max_new, eos, c: _Carry) -> _Carry:
     stop = jnp.where(active & hit_eos, STOP_EOS, jnp.where(active & hit_len, STOP_LENGTH, c.stop))
     stop = _check_capacity(s, state.lengths, stop)
     pending = jnp.where(active, new_token[:, 0], c.pending)
-    drafts = c.drafts
-    if s.proposer == "mtp":
-        drafts, state = mtp_catch_up_and_draft(
-            s.config,
-            params,
-            state,
-            verified.hidden,
-            emitted,
-            n,
-            k,
-            _selector(s, jax.random.fold_in(c.key, c.step + 2**29)),
+    dstate = c.dstate
+    if s.proposer == "draft":
+        dstate = commit_window(c.dstate, dafter, dcommits, n, s.commit)
+    elif s.proposer == "mtp":
+        select = _draft_selector(s, jax.random.fold_in(step_key, 2))
+        drafts, q, state = mtp_catch_up_and_draft(
+            s.config, params, state, verified.hidden, emitted, n, k, select
         )
     elif s.proposer == "ngram":
         drafts = ngram_propose(hist, state.lengths + 1, k, *s.ngram)
+        q = _ngram_q(s, drafts)
     accepts = c.accepts.at[c.step].set(jnp.where(active, accepted, -1))
-    return _Carry(state, pending, drafts, hist, out, count, stop, accepts, c.step + 1, c.key)
+    return _Carry(
+        state, pending, drafts, q, dstate, hist, out, count, stop, accepts, c.step + 1, c.key
+    )
 
 
-def _generate_program(s: _Static, params, prompts, lengths, max_new, eos, key):
-    carry = _prefill(s, params, prompts, lengths, max_new, eos, key)
+def _generate_program(s: _Static, params, dparams, prompts, lengths, max_new, eos, key):
+    carry = _prefill(s, params, dparams, prompts, lengths, max_new, eos, key)
 
     def cond(c):
         return (c.step < s.out_size) & jnp.any(c.stop == RUNNING)
 
     def body(c):
-        return _step(s, params, max_new, eos, c)
+        return _step(s, params, dparams, max_new, eos, c)
 
     carry = jax.lax.while_loop(cond, body, carry)
     return carry.out, carry.count, carry.stop, carry.accepts, carry.step
@@ -313,11 +367,6 @@ def _prepare(
         )
     if speculative is not None:
         speculative.validate(config, params)
-        if temperature > 0:
-            raise ValueError(
-                "speculative sampling (temperature > 0) is not implemented yet; use temperature=0"
-                " with speculative=..., or plain sampling with speculative=None"
-            )
     if eos_id is not None and (
         isinstance(eos_id, bool)
         or not isinstance(eos_id, int)
@@ -353,6 +402,7 @@ def _prepare(
         top_p=float(top_p),
         capacity=int(capacity),
         out_size=out_size,
+        draft_config=speculative.draft_config if k and speculative.proposer == "draft" else None,
     )
     b = len(prompts)
     tokens = np.zeros((b, p_pad), np.int32)
@@ -405,7 +455,8 @@ def generate(
     if max_new_tokens == 0:
         return GenerateResult([[] for _ in range(b)], ["length"] * b, {"steps": [0] * b})
     key = jax.random.key(int(seed))
-    args = (params, *(jnp.asarray(a) for a in arrays), key)
+    dparams = speculative.draft_params if static.draft_config is not None else None
+    args = (params, dparams, *(jnp.asarray(a) for a in arrays), key)
     sig = (
         static,
         jax.tree.structure(params),
@@ -479,7 +530,9 @@ def generate_stream(
     if max_new_tokens == 0:
         return
     tokens, lengths, max_new, eos = (jnp.asarray(a) for a in arrays)
-    carry = _prefill_jit(static, params, tokens, lengths, max_new, eos, jax.random.key(int(seed)))
+    dparams = speculative.draft_params if static.draft_config is not None else None
+    key = jax.random.key(int(seed))
+    carry = _prefill_jit(static, params, dparams, tokens, lengths, max_new, eos, key)
     seen = np.zeros(len(arrays[0]), np.int64)
     while True:
         count = np.asarray(carry.count)
@@ -488,4 +541,4 @@ def generate_stream(
         seen = count
         if not (np.asarray(carry.stop) == RUNNING).any() or int(carry.step) >= static.out_size:
             return
-        carry = _step_jit(static, params, max_new, eos, carry)
+        carry = _step_jit(static, params, dparams, max_new, eos, carry)

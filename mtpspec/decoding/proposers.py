@@ -10,8 +10,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from mtpspec.models.decoder import mtp_window_step_impl
+from mtpspec.models.decoder import mtp_window_step_impl, window_step_impl
 from mtpspec.models.state import DecodeState
+from mtpspec.ops import GDNAux
 
 
 def ngram_propose(
@@ -54,7 +55,7 @@ def mtp_catch_up_and_draft(
     next_tokens: jax.Array,  # [b, t] token following each row (accepted drafts, then the new one)
     n: jax.Array,  # [b] rows to fold into the MTP cache
     k: int,
-    select,  # logits [b, V] -> ids [b]
+    select,  # (logits [b, V], salt) -> (ids [b], q [b, V or 0])
 ):
     """Fold the accepted rows into the MTP cache, then draft k tokens.
 
@@ -65,10 +66,69 @@ def mtp_catch_up_and_draft(
     row = jnp.clip(n - 1, 0, hidden.shape[1] - 1)[:, None, None]
     last_logits = jnp.take_along_axis(logits, row, axis=1)[:, 0]
     h = jnp.take_along_axis(y, row, axis=1)  # [b, 1, H]
-    drafts = [select(last_logits, 0)]
+    picked = [select(last_logits, 0)]
     tmp = state
     one = jnp.ones_like(n)
     for i in range(1, k):
-        logits_i, h, tmp = mtp_window_step_impl(config, params, tmp, h, drafts[-1][:, None], one)
-        drafts.append(select(logits_i[:, 0], i))
-    return jnp.stack(drafts, axis=1), state
+        logits_i, h, tmp = mtp_window_step_impl(config, params, tmp, h, picked[-1][0][:, None], one)
+        picked.append(select(logits_i[:, 0], i))
+    drafts = jnp.stack([d for d, _ in picked], axis=1)
+    q = jnp.stack([q for _, q in picked], axis=1)
+    return drafts, q, state
+
+
+def _stack_commits(steps: list[tuple]) -> tuple:
+    """Per-layer commit data of t one-token passes, joined as if from one t-token window."""
+    joined = []
+    for per_layer in zip(*steps, strict=True):
+        if per_layer[0] is None:
+            joined.append(None)
+            continue
+        cat = {
+            key: jnp.concatenate([c[key] for c in per_layer], axis=1)
+            for key in ("conv_in", "k", "v", "g", "beta")
+        }
+        states = per_layer[0]["aux"].states
+        aux = GDNAux(
+            u=jnp.concatenate([c["aux"].u for c in per_layer], axis=1),
+            g_cum=jnp.cumsum(cat["g"], axis=1),
+            states=None
+            if states is None
+            else jnp.concatenate([c["aux"].states for c in per_layer], axis=1),
+        )
+        joined.append({**cat, "aux": aux})
+    return tuple(joined)
+
+
+def draft_model_propose(
+    dconfig,
+    dparams,
+    dstate: DecodeState,  # the draft model's state: every emitted token but the pending one
+    pending: jax.Array,  # [b]
+    active: jax.Array,  # [b] bool: finished sequences do not move
+    k: int,
+    select,  # (logits [b, V], salt) -> (ids [b], q [b, V or 0])
+    gdn_states: bool,
+):
+    """Draft k tokens autoregressively with a separate model, feeding [pending, d_1..d_k] (k + 1
+    one-token steps, so that an all-accepted window is folded in too).
+
+    Returns (drafts [b, k], q [b, k, V or 0], state after the k + 1 tokens, commit data of those
+    k + 1 positions): the caller commits the draft state to the accepted prefix with the same
+    strategies as the target (``commit_window(dstate, after, commits, n, strategy)``)."""
+    valid = active.astype(jnp.int32)
+    token = pending
+    state = dstate
+    picked, commits = [], []
+    for i in range(k + 1):
+        out = window_step_impl(
+            dconfig, dparams, state, token[:, None], valid, "recurrent", gdn_states
+        )
+        state = out.state
+        commits.append(out.commit)
+        if i < k:
+            picked.append(select(out.logits[:, 0], i))
+            token = picked[-1][0]
+    drafts = jnp.stack([d for d, _ in picked], axis=1)
+    q = jnp.stack([q for _, q in picked], axis=1)
+    return drafts, q, state, _stack_commits(commits)

@@ -43,3 +43,47 @@ def select_tokens(logits: jax.Array, key, temperature: float, top_k: int, top_p:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logp = filtered_log_probs(logits, temperature, top_k, top_p)
     return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+
+
+def speculative_accept(
+    key,
+    logits: jax.Array,  # [b, k + 1, V] target logits over the window
+    drafts: jax.Array,  # [b, k] drafted ids
+    q: jax.Array,  # [b, k, V] the proposer's probabilities the drafts were sampled from
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    *,
+    residual: bool = True,
+):
+    """Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+    Draft d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)) (as u·q < p, no division);
+    a = number of leading acceptances. At the first rejection the new token is drawn from
+    normalize(max(0, p_a − q_a)); when all k are accepted, from p_k (the bonus). p and q use the
+    same temperature / top-k / top-p. Returns (a [b] int32, new token [b] int32).
+    ``residual=False`` resamples from p_a instead: a deliberately WRONG rule, kept only as the
+    statistical test's negative control.
+    """
+    b, k = drafts.shape
+    p = jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p))  # [b, k + 1, V]
+    p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
+    q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+    k_accept, k_sample = jax.random.split(key)
+    u = jax.random.uniform(k_accept, (b, k))
+    accept = (u * q_d < p_d).astype(jnp.int32)
+    a = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q_k = 0: bonus draws from p_k
+    p_a = jnp.take_along_axis(p, a[:, None, None], axis=1)[:, 0]
+    q_a = jnp.take_along_axis(q_pad, a[:, None, None], axis=1)[:, 0]
+    r = jnp.maximum(p_a - q_a, 0.0) if residual else p_a
+    r = jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p_a)  # p == q exactly: never rejected
+    token = jax.random.categorical(k_sample, jnp.log(r), axis=-1).astype(jnp.int32)
+    return a, token
+
+
+def draft_probs(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
+    """The proposer's q for sampled drafts ([..., V]); an empty last axis when greedy."""
+    if temperature == 0.0:
+        return jnp.zeros(logits.shape[:-1] + (0,), jnp.float32)
+    return jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p))
