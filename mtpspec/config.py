@@ -248,9 +248,14 @@ def tiny_hybrid(**overrides) -> ModelConfig:
     return dataclasses.replace(base, **overrides)
 
 
+# One GDN layer + one attention layer (MoE, then dense MLP): the smallest program that still has
+# every layer kind; tests that compile many generate programs use it (`tiny_moe(**TWO_LAYERS)`).
+TWO_LAYERS = {"layer_types": (LINEAR, FULL), "mlp_types": ("moe", "dense")}
+
+
 def tiny_moe(**overrides) -> ModelConfig:
     """Tiny Qwen3-Next-style preset: MoE with a shared expert and one dense layer, untied head."""
-    return tiny_hybrid(
+    settings = dict(
         family="qwen3_next",
         mlp_types=("moe", "dense", "moe", "moe"),
         num_experts=4,
@@ -259,5 +264,5 @@ def tiny_moe(**overrides) -> ModelConfig:
         shared_expert_intermediate_size=48,
         mtp_mlp_type="moe",
         tie_word_embeddings=False,
-        **overrides,
     )
+    return tiny_hybrid(**{**settings, **overrides})

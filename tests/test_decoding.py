@@ -28,7 +28,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
 
 @pytest.fixture(scope="module")
 def moe_model():
-    config = C.tiny_moe(vocab_size=SMALL_VOCAB)
+    config = C.tiny_moe(vocab_size=SMALL_VOCAB, **C.TWO_LAYERS)
     return config, models.init_params(config, jax.random.key(3), norm_scale=0.1)
 
 
@@ -107,14 +107,15 @@ def test_speculative_greedy_equals_plain_greedy(moe_model, plain_moe, proposer, 
 
 
 def test_ngram_drafts_are_accepted_on_repetitive_text(moe_model, plain_moe):
-    """Feed the model its own greedy output as prompt: n-gram drafts must hit (τ > 1.5)."""
+    """Feed the model its own greedy output as prompt: n-gram drafts must hit, several in a row."""
     config, params = moe_model
     prompts = [PROMPTS[0] + plain_moe.tokens[0]]
     plain = mtpspec.generate(config, params, prompts, max_new_tokens=24)
     spec = mtpspec.SpecConfig(proposer="ngram", num_draft=4, commit="replay")
     result = mtpspec.generate(config, params, prompts, max_new_tokens=24, speculative=spec)
     assert result.tokens == plain.tokens
-    assert result.stats["tau"] > 1.5
+    assert result.stats["tau"] > 1.25
+    assert max(result.stats["accepted"][0]) >= 2
 
 
 @pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
@@ -271,9 +272,8 @@ def _bad_calls(config, params):
         (dict(ok, top_k=-2), ValueError, "top_k"),
         (dict(ok, eos_id=SMALL_VOCAB), ValueError, "eos_id"),
         (dict(ok, capacity=2), ValueError, "capacity"),
-        (dict(ok, speculative=spec(), temperature=0.7), ValueError, "speculative sampling"),
         (dict(ok, speculative="mtp"), TypeError, "SpecConfig"),
-        (dict(ok, speculative=spec(proposer="draft")), NotImplementedError, "draft"),
+        (dict(ok, speculative=spec(proposer="draft")), ValueError, "needs draft_config"),
         (dict(ok, mesh=object()), NotImplementedError, "mesh"),
     ]
 
