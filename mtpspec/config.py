@@ -266,3 +266,26 @@ def tiny_moe(**overrides) -> ModelConfig:
         tie_word_embeddings=False,
     )
     return tiny_hybrid(**{**settings, **overrides})
+
+
+def default_model(**overrides) -> ModelConfig:
+    """The shape of the embedded default model (byte vocabulary): GDN with full attention every
+    third layer, like Qwen, and one MTP layer. See BUILD_NOTES.md for why this shape."""
+    base = ModelConfig(
+        family="qwen3_5",
+        vocab_size=256,
+        hidden_size=128,
+        layer_types=(LINEAR, LINEAR, FULL, LINEAR, LINEAR, FULL),
+        mlp_types=("dense",) * 6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        partial_rotary_factor=0.5,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        intermediate_size=384,
+        tie_word_embeddings=True,
+    )
+    return dataclasses.replace(base, **overrides)

@@ -1,0 +1,16 @@
+"""Training: offline corpus + tokenizers (``data``), optax training with an MTP loss and orbax
+resume (``train``)."""
+
+from mtpspec.training.data import ByteTokenizer, HFTokenizer, build_manifest, load_corpus
+from mtpspec.training.train import TrainConfig, evaluate, losses, train
+
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "TrainConfig",
+    "build_manifest",
+    "evaluate",
+    "load_corpus",
+    "losses",
+    "train",
+]

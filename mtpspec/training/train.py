@@ -1,0 +1,221 @@
+"""Train a hybrid GDN + attention model with an MTP head (optax), checkpoint and resume (orbax).
+
+Loss: next-token cross-entropy of the trunk plus ``mtp_weight`` × the MTP head's cross-entropy
+(row i: final-normed hidden h_i with token i+1 predicts token i+2 — the same pairing the
+speculative proposer uses). ``phase="mtp_only"`` freezes the trunk (and the shared embedding /
+head) and trains only the MTP module against it (distillation of the head on a fixed trunk).
+
+Resume: an orbax ``CheckpointManager`` keeps the last checkpoints of {params, opt_state}; batches
+are a pure function of (seed, step) (``data.batch_at``), so a run killed at any point and started
+again with the same arguments continues with the same data order and the same loss curve.
+``metrics.jsonl`` in the work directory holds one line per step (rewound on resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from mtpspec.checkpoints import save_params
+from mtpspec.config import ModelConfig
+from mtpspec.models import decoder, init_params, layers
+from mtpspec.training import data as data_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    mtp_weight: float = 0.5
+    phase: str = "joint"  # "joint" | "mtp_only"
+    seed: int = 0
+    save_every: int = 100
+    eval_every: int = 100
+    eval_batches: int = 4
+    log_every: int = 10
+
+    def __post_init__(self):
+        if self.phase not in ("joint", "mtp_only"):
+            raise ValueError(f"phase must be 'joint' or 'mtp_only', got {self.phase!r}")
+        for name in ("steps", "batch", "seq_len", "save_every", "eval_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def _cross_entropy(logits, targets):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def losses(config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk: bool = False):
+    """batch [b, t + 1] -> dict(main, mtp, mtp_acc) (cross-entropies in nats/token)."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    b, t = inputs.shape
+    x = params["embed"][inputs]
+    zeros = jnp.zeros((b,), jnp.int32)
+    x, _, _ = decoder._run_layers(config, params, x, zeros, zeros + t, None, "chunk")
+    hidden = layers.norm(config, x, params["final_norm"])
+    main = _cross_entropy(decoder.lm_logits(config, params, hidden), targets)
+    out = {"main": main}
+    if config.mtp_num_layers:
+        h = jax.lax.stop_gradient(hidden) if detach_trunk else hidden
+        valid = jnp.full((b,), t - 1, jnp.int32)
+        mtp_logits, _, _ = decoder._mtp_core(
+            config, params, h[:, :-1], inputs[:, 1:], zeros, valid, None
+        )
+        out["mtp"] = _cross_entropy(mtp_logits, targets[:, 1:])
+        out["mtp_acc"] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, 1:])
+    return out
+
+
+def make_optimizer(tc: TrainConfig):
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, tc.lr, warmup_steps=tc.warmup, decay_steps=max(tc.steps, tc.warmup + 1),
+        end_value=tc.lr * 0.05,
+    )  # fmt: skip
+    return optax.chain(
+        optax.clip_by_global_norm(tc.clip),
+        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=tc.weight_decay),
+    )
+
+
+def _trainable_mask(params, phase):
+    if phase == "joint":
+        return jax.tree.map(lambda _: True, params)
+    return {k: jax.tree.map(lambda _, k=k: k == "mtp", v) for k, v in params.items()}
+
+
+def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer):
+    def loss_fn(params, batch):
+        parts = losses(config, params, batch, detach_trunk=tc.phase == "mtp_only")
+        if tc.phase == "mtp_only":
+            total = parts["mtp"]
+        else:
+            total = parts["main"] + tc.mtp_weight * parts.get("mtp", 0.0)
+        return total, parts
+
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        (total, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        if tc.phase == "mtp_only":  # the trunk stays fixed (no decay either)
+            keep = _trainable_mask(params, tc.phase)
+            updates = jax.tree.map(lambda u, k: u if k else jnp.zeros_like(u), updates, keep)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": total, **parts}
+
+    return train_step
+
+
+def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray]) -> dict:
+    fn = jax.jit(lambda p, b: losses(config, p, b))
+    parts = [jax.device_get(fn(params, jnp.asarray(b))) for b in batches]
+    return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
+
+
+def _read_metrics(path: pathlib.Path, upto: int) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= upto]
+
+
+def train(
+    config: ModelConfig,
+    tc: TrainConfig,
+    corpus: data_lib.Corpus,
+    workdir: str | os.PathLike,
+    *,
+    init: dict | None = None,
+    log=print,
+    kill_at_step: int | None = None,
+) -> tuple[dict, dict]:
+    """Train (or resume) in ``workdir``; returns (params, last eval metrics).
+
+    ``workdir/checkpoints`` holds the orbax checkpoints, ``workdir/metrics.jsonl`` the per-step
+    losses, ``workdir/final`` the final params (``checkpoints.restore_params``).
+    ``kill_at_step`` (a test hook) SIGKILLs this very process right after that step's metrics line,
+    before any checkpoint of that step: the hardest place to resume from."""
+    workdir = pathlib.Path(workdir).absolute()
+    workdir.mkdir(parents=True, exist_ok=True)
+    optimizer = make_optimizer(tc)
+    if init is None:
+        params = init_params(config, jax.random.key(tc.seed))
+        params["embed"] = params["embed"] * 0.04  # std 0.02: tied logits start near uniform
+    else:
+        params = init
+    opt_state = optimizer.init(params)
+    manager = ocp.CheckpointManager(
+        workdir / "checkpoints",
+        options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
+    )
+    start = 0
+    latest = manager.latest_step()
+    if latest is not None:
+        abstract = jax.tree.map(
+            ocp.utils.to_shape_dtype_struct, {"params": params, "opt": opt_state}
+        )
+        restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
+        params, opt_state = restored["params"], restored["opt"]
+        start = latest
+        log(f"resumed from step {latest}")
+    metrics_path = workdir / "metrics.jsonl"
+    kept = _read_metrics(metrics_path, start)
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    train_step = make_train_step(config, tc, optimizer)
+    held = data_lib.eval_batches(
+        corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
+    )
+    last_eval: dict[str, Any] = {}
+    t_last, tokens_since = time.perf_counter(), 0
+    with metrics_path.open("a") as metrics:
+        for step in range(start + 1, tc.steps + 1):
+            batch = data_lib.batch_at(
+                corpus.train, step, batch=tc.batch, seq_len=tc.seq_len, seed=tc.seed
+            )
+            params, opt_state, m = train_step(params, opt_state, jnp.asarray(batch))
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            tokens_since += tc.batch * tc.seq_len
+            metrics.write(json.dumps({"step": step, **m}) + "\n")
+            metrics.flush()
+            if kill_at_step == step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % tc.log_every == 0 or step == tc.steps:
+                now = time.perf_counter()
+                rate = tokens_since / max(now - t_last, 1e-9)
+                t_last, tokens_since = now, 0
+                bar = "#" * int(30 * step / tc.steps)
+                log(
+                    f"[{bar:<30}] step {step}/{tc.steps} loss {m['loss']:.4f} "
+                    f"main {m['main']:.4f} mtp {m.get('mtp', float('nan')):.4f} {rate:,.0f} tok/s"
+                )
+            if step % tc.eval_every == 0 or step == tc.steps:
+                last_eval = evaluate(config, params, held)
+                log(
+                    f"  held-out: main {last_eval['main']:.4f} nats/byte, "
+                    f"mtp {last_eval.get('mtp', float('nan')):.4f}, "
+                    f"mtp top-1 {last_eval.get('mtp_acc', float('nan')):.3f}"
+                )
+            if step % tc.save_every == 0 or step == tc.steps:
+                manager.save(step, args=ocp.args.StandardSave({"params": params, "opt": opt_state}))
+                manager.wait_until_finished()
+    manager.close()
+    final = workdir / "final"
+    save_params(final, config, params, overwrite=True)
+    return params, last_eval
