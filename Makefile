@@ -28,6 +28,9 @@ format: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n 2 -q tests
 
+demo: $(STAMP)
+	$(BIN)/python -m experiments.generate --demo
+
 bench-gdn: $(STAMP)
 	$(BIN)/python -m experiments.bench_gdn
 

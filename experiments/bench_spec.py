@@ -1,7 +1,7 @@
 """Speculative decoding benchmark: plain vs speculative tok/s, τ, and the cost of each piece.
 
     python -m experiments.bench_spec                                   # qwen3_next fixture
-    python -m experiments.bench_spec --checkpoint=tests/fixtures/hf/qwen3_5 --num_draft=3
+    python -m experiments.bench_spec --bench_checkpoint=tests/fixtures/hf/qwen3_5 --num_draft=3
 
 Everything is measured in this one process (ratios only mean something within a run):
   * generate() tok/s, plain greedy and each proposer × commit strategy, with τ (tokens per verify
@@ -28,7 +28,7 @@ from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.proposers import mtp_catch_up_and_draft
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", "tests/fixtures/hf/qwen3_next", "HF checkpoint directory.")
+flags.DEFINE_string("bench_checkpoint", "tests/fixtures/hf/qwen3_next", "HF or mtpspec checkpoint.")
 flags.DEFINE_integer("num_draft", 2, "k drafts per verify step.")
 flags.DEFINE_integer("max_new_tokens", 96, "Tokens to generate per prompt.")
 flags.DEFINE_integer("batch", 1, "Prompts in the batch.")
@@ -92,9 +92,10 @@ def piece_timings(config, params, prompts, k):
         hid = out.hidden[:, -(k + 1) :]
 
         def draft(p, s, h, t):
-            return mtp_catch_up_and_draft(
-                config, p, s, h, t, full, k, lambda x, i: jnp.argmax(x, -1).astype(jnp.int32)
-            )[0]
+            def greedy(x, i):
+                return jnp.argmax(x, -1).astype(jnp.int32), jnp.zeros(x.shape[:-1] + (0,))
+
+            return mtp_catch_up_and_draft(config, p, s, h, t, full, k, greedy)[0]
 
         res["draft_mtp"] = median_time(jax.jit(draft), params, state, hid, window)
     return res
@@ -102,13 +103,13 @@ def piece_timings(config, params, prompts, k):
 
 def main(argv):
     del argv
-    config, params = checkpoints.load_hf(FLAGS.checkpoint, dtype="float32")
+    config, params = checkpoints.load(FLAGS.bench_checkpoint)
     rng = np.random.default_rng(0)
     base = rng.integers(0, config.vocab_size, size=(FLAGS.batch, FLAGS.prompt_len // 2))
     prompts = np.concatenate([base, base], axis=1).tolist()  # repeated: n-gram has something
     k = FLAGS.num_draft
     print(
-        f"{FLAGS.checkpoint}: {config.family}, H={config.hidden_size}, "
+        f"{FLAGS.bench_checkpoint}: {config.family}, H={config.hidden_size}, "
         f"{config.num_layers} layers, jax {jax.__version__} on {jax.default_backend()}"
     )
 

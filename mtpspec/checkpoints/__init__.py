@@ -4,3 +4,17 @@ from mtpspec.checkpoints.hf import load_hf
 from mtpspec.checkpoints.orbax_io import restore_params, save_params
 
 __all__ = ["load_hf", "restore_params", "save_params"]
+
+
+def load(path):
+    """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
+    (config.json + safetensors, loaded as float32). Returns (config, params)."""
+    import pathlib
+
+    path = pathlib.Path(path)
+    if (path / "params").is_dir():
+        return restore_params(path)
+    return load_hf(path, dtype="float32")
+
+
+__all__ += ["load"]
