@@ -32,6 +32,7 @@ flags.DEFINE_string(
     ),
     "Corpus manifest (files + sha256).",
 )
+flags.DEFINE_string("corpus_root", None, "Root the manifest's paths are relative to (stdlib).")
 flags.DEFINE_integer("steps", 1000, "Total optimizer steps.")
 flags.DEFINE_integer("batch", 16, "Sequences per batch.")
 flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
@@ -72,7 +73,8 @@ def main(argv):
         eval_every=FLAGS.eval_every,
         log_every=FLAGS.log_every,
     )
-    corpus = load_corpus(FLAGS.manifest)
+    root = pathlib.Path(FLAGS.corpus_root) if FLAGS.corpus_root else None
+    corpus = load_corpus(FLAGS.manifest, root=root)
     print(f"model: {dataclasses.asdict(model)}")
     print(f"corpus: {len(corpus.train):,} train bytes, {len(corpus.eval):,} held-out bytes")
     _, metrics = train(model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step)

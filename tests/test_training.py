@@ -78,11 +78,13 @@ def test_mtp_only_phase_changes_only_the_mtp_head():
     assert isinstance(opt, optax.GradientTransformation)
 
 
-def _run(workdir, *extra):
+def _run(workdir, corpus, *extra):
+    """experiments.train as a subprocess on a small generated corpus (independent of the stdlib)."""
     cmd = [
         sys.executable, "-m", "experiments.train", f"--workdir={workdir}", "--preset=tiny",
         "--steps=14", "--save_every=5", "--eval_every=100", "--log_every=100", "--batch=2",
-        "--seq_len=32", *extra,
+        "--seq_len=32", f"--manifest={corpus / 'manifest.json'}", f"--corpus_root={corpus}",
+        *extra,
     ]  # fmt: skip
     cache = os.environ.get("MTPSPEC_TEST_JAX_CACHE", str(REPO / ".jax_cache"))
     env = {
@@ -103,13 +105,17 @@ def test_sigkilled_run_resumes_with_the_same_loss_curve(tmp_path):
     """SIGKILL right after step 10's metrics line, before its checkpoint: the run resumes from the
     step-5 checkpoint, rewinds the metrics, redoes 6..10 and matches an uninterrupted run."""
     kill_at = 10
-    ref = _run(tmp_path / "ref")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write_files(corpus, n=40)  # enough files that the 10 % held-out split is not empty
+    (corpus / "manifest.json").write_text(json.dumps(build_manifest(10**6, root=corpus)))
+    ref = _run(tmp_path / "ref", corpus)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    killed = _run(tmp_path / "run", f"--kill_at_step={kill_at}")
+    killed = _run(tmp_path / "run", corpus, f"--kill_at_step={kill_at}")
     assert killed.returncode == -9, killed.stderr[-2000:]  # really SIGKILLed
     steps, _ = _losses(tmp_path / "run")
     assert steps[-1] == kill_at
-    resumed = _run(tmp_path / "run")
+    resumed = _run(tmp_path / "run", corpus)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from step" in resumed.stdout + resumed.stderr
     ref_steps, ref_losses = _losses(tmp_path / "ref")
