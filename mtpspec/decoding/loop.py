@@ -135,7 +135,7 @@ class _Carry(NamedTuple):
     drafts: jax.Array  # [b, k]
     q: jax.Array  # [b, k, V] draft probabilities when sampling, [b, k, 0] when greedy
     dstate: Any  # the draft model's DecodeState (proposer "draft"), else None
-    hist: jax.Array  # [b, capacity + 1] prompt + emitted tokens (for n-gram lookup)
+    hist: jax.Array  # [b, capacity + 1] prompt + emitted tokens (n-gram only; else [b, 0])
     out: jax.Array  # [b, out_size]
     count: jax.Array  # [b] emitted so far
     stop: jax.Array  # [b] RUNNING or a stop code
@@ -183,10 +183,11 @@ def _prefill(s: _Static, params, dparams, prompts, lengths, max_new, eos, key) -
     first = _selector(s, jax.random.fold_in(key, 2**30))(last_logits, 0)
     state = out.state
     drafts = jnp.zeros((b, s.k), jnp.int32)
-    q = jnp.zeros_like(_ngram_q(s, drafts))
+    q = jnp.zeros((b, s.k, s.config.vocab_size if s.temperature > 0 else 0), jnp.float32)
     dstate = None
-    hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :p].set(prompts)
-    hist = hist.at[jnp.arange(b), lengths].set(first)
+    hist = jnp.zeros((b, s.capacity + 1 if s.proposer == "ngram" else 0), jnp.int32)
+    if s.proposer == "ngram":  # only the n-gram proposer reads the history
+        hist = hist.at[:, :p].set(prompts).at[jnp.arange(b), lengths].set(first)
     if s.proposer == "mtp":
         nxt = jnp.concatenate([prompts[:, 1:], prompts[:, :1]], axis=1)
         nxt = jnp.where(jnp.arange(p)[None] == (lengths - 1)[:, None], first[:, None], nxt)
@@ -263,8 +264,10 @@ def _step(s: _Static, params, dparams, max_new, eos, c: _Carry) -> _Carry:
     idx = jnp.where(j < m[:, None], c.count[:, None] + j, s.out_size)  # out of range = dropped
     rows = jnp.arange(b)[:, None]
     out = c.out.at[rows, idx].set(emitted, mode="drop")
-    hidx = jnp.where(j < n[:, None], c.state.lengths[:, None] + 1 + j, s.capacity + 1)
-    hist = c.hist.at[rows, hidx].set(emitted, mode="drop")
+    hist = c.hist
+    if s.proposer == "ngram":
+        hidx = jnp.where(j < n[:, None], c.state.lengths[:, None] + 1 + j, s.capacity + 1)
+        hist = hist.at[rows, hidx].set(emitted, mode="drop")
     count = c.count + m
     stop = jnp.where(active & hit_eos, STOP_EOS, jnp.where(active & hit_len, STOP_LENGTH, c.stop))
     stop = _check_capacity(s, state.lengths, stop)
