@@ -1,0 +1,94 @@
+"""mtpspec.analysis (the benchmark's arithmetic) and a miniature run of bench_speculative."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mtpspec import analysis, models
+from mtpspec import config as C
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_expected_tau_matches_monte_carlo_of_the_iid_model():
+    rng = np.random.default_rng(0)
+    for alpha, k in ((0.3, 1), (0.7, 3), (0.9, 5)):
+        accept = rng.random((200_000, k)) < alpha
+        a = np.cumprod(accept, axis=1).sum(axis=1)  # accepted prefix length
+        assert abs((1 + a).mean() - float(analysis.expected_tau(alpha, k))) < 0.01
+    assert float(analysis.expected_tau(1.0, 4)) == 5.0
+    assert float(analysis.expected_tau(0.0, 4)) == 1.0
+
+
+def test_fit_alpha_recovers_alpha_and_rejects_bad_input():
+    runs = [[0.6**i for i in range(1, k + 1)] for k in (1, 2, 4)]
+    assert abs(analysis.fit_alpha(runs) - 0.6) < 1e-4
+    # a chain whose acceptance collapses is fitted somewhere between its first and later rates
+    a = analysis.fit_alpha([[0.84, 0.30, 0.08]])
+    assert 0.3 < a < 0.84
+    with pytest.raises(ValueError, match="at least one"):
+        analysis.fit_alpha([[]])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        analysis.fit_alpha([[1.2]])
+
+
+def test_ideal_speedup_definition():
+    assert analysis.ideal_speedup(2.0, 1.0, 1.5, 0.5) == pytest.approx(1.0)
+    assert analysis.ideal_speedup(3.0, 2.0, 2.0, 1.0) == pytest.approx(2.0)
+
+
+def test_compile_counter_sees_compiles_and_nothing_else():
+    f = jax.jit(lambda x: jnp.sin(x) * 3)
+    x = jnp.arange(5.0)
+    f(x)
+    with analysis.CompileCounter() as counter:
+        f(x)  # cached: no compile
+    assert counter.count == 0
+    y = jnp.arange(7.0)
+    with analysis.CompileCounter() as counter:
+        f(y)  # new shape: one compile
+    assert counter.count == 1
+
+
+def test_piece_costs_rejects_bad_arguments_before_any_work():
+    config = C.tiny_moe(vocab_size=32, **C.TWO_LAYERS)
+    params = models.init_params(config, jax.random.key(0))
+    with pytest.raises(ValueError, match="k must be"):
+        analysis.piece_costs(config, params, [1, 2], 0)
+    with pytest.raises(ValueError, match="prompt"):
+        analysis.piece_costs(config, params, [], 1)
+
+
+def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "experiments.bench_speculative",
+        "--checkpoint=tests/fixtures/hf/qwen3_5", "--ks=1", "--commits=states,replay",
+        "--max_new_tokens=16", "--repeats=1", "--piece_iters=2", "--num_prompts=1",
+        "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for key in ("speedup", "tau", "verify_over_step", "efficiency", "recompiles", "sweep"):
+        assert key in result, key
+    assert result["recompiles"] == 0
+    assert {r["proposer"] for r in result["sweep"]} == {"mtp", "ngram"}
+    assert all(r["same_as_greedy"] for r in result["sweep"])
+    assert 1.0 <= result["tau"] <= 2.0
+    assert (tmp_path / "speedup_tau_vs_k.png").stat().st_size > 10_000
+    pieces = result["pieces"]["1"]
+    for key in ("step", "verify", "commit_states", "commit_replay", "draft_mtp", "draft_ngram"):
+        assert np.isfinite(pieces[key]) and pieces[key] > 0, key
+    # "states" keeps every per-position GDN state: strictly more commit data than "replay"
+    assert pieces["commit_data_bytes_states"] > pieces["commit_data_bytes_replay"] > 0
+    for r in result["sweep"]:
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["ideal"])
