@@ -289,6 +289,14 @@ def main(argv):
         drafts = " ".join(f"{pc.get(f'draft_{p}', float('nan')) * 1e3:>8.3f}" for p in proposers)
         ratio = pc["verify"] / pc["step"]
         print(f"{k:>2} {pc['verify'] * 1e3:>8.3f} {ratio:>7.2f} {commits} {drafts}")
+    mm_rows = list(range(1, max(ks) + 2))
+    mm = analysis.matmul_row_scaling(
+        config.hidden_size, config.intermediate_size or 4 * config.hidden_size, mm_rows
+    )
+    print(
+        f"physics: [t, {config.hidden_size}] MLP-shaped matmul pair, cost relative to t=1: "
+        + ", ".join(f"t={t} {mm[t] / mm[1]:.2f}x" for t in mm_rows)
+    )
     print(f"\nplain greedy: {plain_tps:.1f} tok/s (median of {repeats})")
     print(
         f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'tau':>5} "
@@ -359,6 +367,7 @@ def main(argv):
             "pieces": {str(k): v for k, v in pieces.items()},
             "alpha": alpha,
             "memory": memory,
+            "matmul_row_scaling": {str(t): v for t, v in mm.items()},
             "peer": peer,
             "settings": dict(
                 checkpoint=FLAGS.checkpoint, ks=ks, commits=FLAGS.commits, proposers=proposers,
