@@ -79,20 +79,26 @@ def check_tokenizer(hf_dir: pathlib.Path) -> dict | None:
     }
 
 
-def compare(hf_dir, checkpoint, *, length: int = 128, greedy_tokens: int = 32) -> dict:
-    """Everything the module docstring lists, as a dict of numbers and booleans."""
+def compare(hf_dir, config, params, *, length: int = 128, greedy_tokens: int = 32) -> dict:
+    """Everything the module docstring lists for the export in ``hf_dir`` of ``(config,
+    params)`` (mtpspec computes in float32), as a dict of numbers and booleans."""
+    import dataclasses
+
+    import jax
     import jax.numpy as jnp
     import torch
     from transformers import AutoModelForCausalLM
 
     import mtpspec
-    from mtpspec import checkpoints, models
+    from mtpspec import models
 
     hf_dir = pathlib.Path(hf_dir)
-    config, params = checkpoints.load(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(
-        hf_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    config = dataclasses.replace(config, dtype="float32")
+    params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
+    model.eval()
     ids = sample_tokens(config.vocab_size, length)
     with torch.no_grad():
         theirs = model(torch.as_tensor(ids, dtype=torch.long)).logits.numpy()
@@ -111,6 +117,7 @@ def compare(hf_dir, checkpoint, *, length: int = 128, greedy_tokens: int = 32) -
     our_greedy = mtpspec.generate(config, params, prompts, max_new_tokens=greedy_tokens).tokens
     return {
         "hf_class": type(model).__name__,
+        "hf_loading_problems": {k: sorted(v) for k, v in info.items() if v},
         "logits_rel_err": rel(ours, theirs),
         "logits_rel_err_per_row": [rel(ours[i], theirs[i]) for i in range(len(ids))],
         "argmax_agreement": float(np.mean(ours.argmax(-1) == theirs.argmax(-1))),
@@ -124,10 +131,14 @@ def main(argv):
     del argv
     if not FLAGS.hf_dir:
         raise app.UsageError("--hf_dir is required")
+    from mtpspec import checkpoints
+
+    config, params = checkpoints.load(FLAGS.checkpoint)
     r = compare(
-        FLAGS.hf_dir, FLAGS.checkpoint, length=FLAGS.length, greedy_tokens=FLAGS.greedy_tokens
+        FLAGS.hf_dir, config, params, length=FLAGS.length, greedy_tokens=FLAGS.greedy_tokens
     )
     print(f"transformers class         {r['hf_class']}")
+    print(f"missing/unexpected weights {r['hf_loading_problems'] or 'none'}")
     print(
         f"logits max|ours-HF|/max|HF| {r['logits_rel_err']:.2e} (text, random: "
         f"{', '.join(f'{x:.2e}' for x in r['logits_rel_err_per_row'])})"
