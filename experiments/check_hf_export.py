@@ -59,7 +59,7 @@ def check_tokenizer(hf_dir: pathlib.Path) -> dict | None:
         return None
     from transformers import AutoTokenizer
 
-    from mtpspec.training.data import ByteTokenizer, byte_tokenizer_json
+    from mtpspec.training.data import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 
     if json.loads((hf_dir / "tokenizer.json").read_text()) != byte_tokenizer_json():
         return {"tokenizer_class": "not the byte tokenizer (not compared)"}
@@ -70,12 +70,17 @@ def check_tokenizer(hf_dir: pathlib.Path) -> dict | None:
     samples = [list(ours.encode(t)) for t in TEXTS]
     samples += [rng.integers(0, 256, size=rng.integers(0, 16)).tolist() for _ in range(500)]
     decode_ok = all(tok.decode(ids) == ours.decode(ids) for ids in samples)
+    mine = HFTokenizer(hf_dir)  # mtpspec's own tokenizers-backed reader of the same file
+    mine_ok = all(mine.encode(t) == ours.encode(t) for t in TEXTS) and all(
+        mine.decode(ids) == ours.decode(ids) for ids in samples
+    )
     return {
         "tokenizer_class": type(tok).__name__,
         "vocab": len(tok),
         "encode_equal": encode_ok,
         "decode_equal": decode_ok,
         "decode_samples": len(samples),
+        "hftokenizer_equal": mine_ok,
     }
 
 
@@ -154,7 +159,7 @@ def main(argv):
         print(
             f"tokenizer ({t['tokenizer_class']}, {t['vocab']} ids): encode == ByteTokenizer "
             f"{t['encode_equal']}, decode == ByteTokenizer {t['decode_equal']} "
-            f"({t['decode_samples']} id lists)"
+            f"({t['decode_samples']} id lists); mtpspec HFTokenizer too: {t['hftokenizer_equal']}"
         )
     if FLAGS.json_out:
         pathlib.Path(FLAGS.json_out).write_text(json.dumps(r, indent=2) + "\n")

@@ -244,7 +244,9 @@ def _write_safetensors(file: pathlib.Path, tensors: dict, metadata: dict) -> Non
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in sorted(tensors):
-            f.write(tensors[name].astype(tensors[name].dtype.newbyteorder("<")).tobytes())
+            t = tensors[name]
+            t = np.ascontiguousarray(t.astype(t.dtype.newbyteorder("<"), copy=False))
+            f.write(t.reshape(-1).view(np.uint8).data)  # no extra copy on little-endian hosts
 
 
 def _shards(tensors: dict, max_shard_bytes: int) -> list[list[str]]:

@@ -42,7 +42,9 @@ def test_default_model_export_matches_in_transformers(tmp_path, family):
     assert r["argmax_agreement"] == 1.0, r
     assert r["greedy_equal"], r
     t = r["tokenizer"]
-    assert t["vocab"] == 256 and t["encode_equal"] and t["decode_equal"], t
+    assert (
+        t["vocab"] == 256 and t["encode_equal"] and t["decode_equal"] and t["hftokenizer_equal"]
+    ), t
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
