@@ -158,6 +158,29 @@ def test_overwrite_replaces_an_earlier_sharded_export(tmp_path):
     assert _tree_bits_equal(load_hf(tmp_path / "o")[1], other)
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("fused_experts", [False, True])
+def test_every_spec_inverse_undoes_its_import(family, fused_experts):
+    """inv(fn(hf tensors)) == the HF tensors for every entry of load_hf's table, including the
+    fused-expert layout (import only) that export never writes."""
+    from mtpspec.checkpoints.hf import _model_specs
+
+    config = tiny_moe(family=family) if family == "qwen3_next" else tiny_hybrid()
+    prefixes = [f"model.layers.{i}.mlp." for i in range(config.num_layers)] + ["mtp.layers.0.mlp."]
+    names = {p + "experts.gate_up_proj" for p in prefixes} if fused_experts else set()
+    rng = np.random.default_rng(0)
+    specs = _model_specs(config, "model.", names)
+    assert any("experts.gate_up_proj" in n for s in specs for n in s.names) == (
+        fused_experts and family == "qwen3_next"
+    )
+    for spec in specs:
+        hf = [rng.standard_normal(shape).astype(np.float32) for shape in spec.shapes]
+        back = spec.inv(*spec.fn(*hf))
+        assert len(back) == len(hf), spec.names
+        for name, a, b in zip(spec.names, hf, back, strict=True):
+            assert _bits_equal(np.ascontiguousarray(b), a), name
+
+
 # ---------------------------------------------------------------------------------------------
 # the HF fixtures are reproduced
 
