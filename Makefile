@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint format install demo bench-gdn clean
+.PHONY: test test-hf lint format install demo bench-gdn clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,22 @@ format: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest -n 2 -q tests
 
+# Optional: the transformers side of the HF export (tests/hf, skipped by `make test`). Its own venv
+# with the hf extra; torch is pinned to the 2.13.0 CPU wheel this machine keeps on local disk
+# (the registry's default torch wheel pulls CUDA libraries and triton, which must not be installed).
+HF_VENV := .venv-hf-test
+HF_STAMP := $(HF_VENV)/.installed
+
+$(HF_STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(HF_VENV)/bin/python -m pip install -q 'torch==2.13.0'
+	$(HF_VENV)/bin/python -m pip install -q -e '.[dev,hf]'
+	touch $(HF_STAMP)
+
+test-hf: $(HF_STAMP)
+	$(HF_VENV)/bin/python -m pytest -q tests/hf
+
 demo: $(STAMP)
 	$(BIN)/python -m experiments.generate --demo
 
@@ -35,4 +51,4 @@ bench-gdn: $(STAMP)
 	$(BIN)/python -m experiments.bench_gdn
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache

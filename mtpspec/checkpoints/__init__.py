@@ -1,9 +1,11 @@
-"""Checkpoints: HF safetensors import (``load_hf``) and orbax save / restore of the param tree."""
+"""Checkpoints: HF safetensors import (``load_hf``) and export (``save_hf``), and orbax save /
+restore of the param tree."""
 
 from mtpspec.checkpoints.hf import load_hf
+from mtpspec.checkpoints.hf_export import hf_config_dict, save_hf
 from mtpspec.checkpoints.orbax_io import restore_params, save_params
 
-__all__ = ["load_hf", "restore_params", "save_params"]
+__all__ = ["hf_config_dict", "load_hf", "restore_params", "save_hf", "save_params"]
 
 
 def load(path):

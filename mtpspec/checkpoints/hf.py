@@ -46,12 +46,15 @@ _DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class _Spec:
-    """HF tensors ``names`` (with on-disk ``shapes``) -> canonical leaves ``outs`` via ``fn``."""
+    """HF tensors ``names`` (with on-disk ``shapes``) -> canonical leaves ``outs`` via ``fn``;
+    ``inv`` is the exact inverse (canonical leaves -> HF tensors), used by ``save_hf``. Keeping
+    both directions in one table is what makes export write exactly the layout import reads."""
 
     outs: tuple[tuple, ...]
     names: tuple[str, ...]
     shapes: tuple[tuple[int, ...], ...]
     fn: Callable[..., tuple[np.ndarray, ...]]
+    inv: Callable[..., tuple[np.ndarray, ...]]
 
 
 def _t(w):
@@ -62,12 +65,13 @@ def _ident(w):
     return (w,)
 
 
-def _one(out: tuple, name: str, shape: tuple, fn=_ident) -> _Spec:
-    return _Spec((out,), (name,), (tuple(shape),), fn)
+def _one(out: tuple, name: str, shape: tuple, fn=_ident, inv=None) -> _Spec:
+    """One tensor <-> one leaf; ``fn`` defaults to identity, ``inv`` to ``fn`` (self-inverse)."""
+    return _Spec((out,), (name,), (tuple(shape),), fn, inv or fn)
 
 
 def _linear(out: tuple, name: str, n_in: int, n_out: int) -> _Spec:
-    """An HF Linear [out, in] -> ours [in, out]."""
+    """An HF Linear [out, in] <-> ours [in, out]."""
     return _one(out, name, (n_out, n_in), _t)
 
 
@@ -92,12 +96,16 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
         def split_gate_up(w):
             return w[:, :im, :].transpose(0, 2, 1), w[:, im:, :].transpose(0, 2, 1)
 
+        def fuse_gate_up(w_gate, w_up):
+            return (np.concatenate([w_gate, w_up], axis=2).transpose(0, 2, 1),)
+
         specs.append(
             _Spec(
                 ((*base, "w_gate"), (*base, "w_up")),
                 (fused,),
                 ((e, 2 * im, h),),
                 split_gate_up,
+                fuse_gate_up,
             )
         )
         specs.append(
@@ -108,10 +116,13 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
                 lambda w: (w.transpose(0, 2, 1),),
             )
         )
-    else:  # per-expert tensors (every released checkpoint)
+    else:  # per-expert tensors (every released checkpoint; what HF save_pretrained writes)
 
         def stack(*ws):
             return (np.stack([w.T for w in ws]),)
+
+        def unstack(w):
+            return tuple(w[j].T for j in range(e))
 
         for ours, theirs, shape in (
             ("w_gate", "gate_proj", (im, h)),
@@ -124,6 +135,7 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
                     tuple(f"{p}experts.{j}.{theirs}.weight" for j in range(e)),
                     (shape,) * e,
                     stack,
+                    unstack,
                 )
             )
     if config.shared_expert_intermediate_size:
@@ -146,12 +158,17 @@ def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
         w = w.reshape(hq, 2, hd, h)
         return w[:, 0].reshape(hq * hd, h).T, w[:, 1].reshape(hq * hd, h).T
 
+    def join_q(w_q, w_gate):
+        w = np.stack([w_q.T.reshape(hq, hd, h), w_gate.T.reshape(hq, hd, h)], axis=1)
+        return (w.reshape(hq * 2 * hd, h),)
+
     return [
         _Spec(
             ((*base, "w_q"), (*base, "w_gate")),
             (f"{p}q_proj.weight",),
             ((hq * 2 * hd, h),),
             split_q,
+            join_q,
         ),
         _linear((*base, "w_k"), f"{p}k_proj.weight", h, hkv * hd),
         _linear((*base, "w_v"), f"{p}v_proj.weight", h, hkv * hd),
@@ -182,18 +199,32 @@ def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
             w = w.reshape(hk, 2 * r, h)
             return w[:, :r].reshape(hv, h).T, w[:, r:].reshape(hv, h).T
 
+        def interleave_qkvz(w_qkv, w_z):  # inverse of split_qkvz
+            qkv = w_qkv.T
+            q = qkv[: hk * dk].reshape(hk, dk, h)
+            k = qkv[hk * dk : 2 * hk * dk].reshape(hk, dk, h)
+            v = qkv[2 * hk * dk :].reshape(hk, r * dv, h)
+            z = w_z.T.reshape(hk, r * dv, h)
+            return (np.concatenate([q, k, v, z], axis=1).reshape(hk * group, h),)
+
+        def interleave_ba(w_b, w_a):  # inverse of split_ba
+            b, a = w_b.T.reshape(hk, r, h), w_a.T.reshape(hk, r, h)
+            return (np.concatenate([b, a], axis=1).reshape(2 * hv, h),)
+
         specs += [
             _Spec(
                 ((*base, "w_qkv"), (*base, "w_z")),
                 (f"{p}in_proj_qkvz.weight",),
                 ((hk * group, h),),
                 split_qkvz,
+                interleave_qkvz,
             ),
             _Spec(
                 ((*base, "w_b"), (*base, "w_a")),
                 (f"{p}in_proj_ba.weight",),
                 ((2 * hv, h),),
                 split_ba,
+                interleave_ba,
             ),
         ]
     else:
@@ -204,7 +235,13 @@ def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
             _linear((*base, "w_a"), f"{p}in_proj_a.weight", h, hv),
         ]
     specs += [
-        _one((*base, "conv"), f"{p}conv1d.weight", (c, 1, width), lambda w: (w[:, 0, :],)),
+        _one(
+            (*base, "conv"),
+            f"{p}conv1d.weight",
+            (c, 1, width),
+            lambda w: (w[:, 0, :],),
+            lambda w: (w[:, None, :],),
+        ),
         _one((*base, "A_log"), f"{p}A_log", (hv,)),
         _one((*base, "dt_bias"), f"{p}dt_bias", (hv,)),
         _one((*base, "norm"), f"{p}norm.weight", (dv,)),

@@ -1,0 +1,412 @@
+"""Export the canonical parameter tree as an HF Qwen3-Next / Qwen3.5 checkpoint (``save_hf``).
+
+The output is exactly what ``load_hf`` reads and what transformers' ``Qwen3NextForCausalLM`` /
+``Qwen3_5ForCausalLM`` load (``tests/fixtures/HF_NOTES.md`` has the layouts):
+
+* ``config.json`` in transformers 5.x style (``layer_types``, ``rope_parameters``), with the MTP
+  depth key of the family (Qwen3.5: ``mtp_num_hidden_layers``; Qwen3-Next: vLLM's
+  ``num_nextn_predict_layers``). It is built first and read back through ``from_hf_config``:
+  a config whose read-back differs in any field (something the family cannot express) is a
+  ``ValueError`` naming the fields, raised before any file is written.
+* ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards plus
+  ``model.safetensors.index.json`` when the tensors exceed ``max_shard_bytes``. The tensor
+  mapping is the inverse half of ``load_hf``'s own spec table (``hf._Spec.inv``): Qwen3-Next's
+  ``in_proj_qkvz`` / ``in_proj_ba`` interleaved per key-head group, Qwen3.5's split
+  ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_a`` / ``in_proj_b``, attention ``q_proj`` with
+  query and gate rows interleaved per head, Linear weights [out, in], (1 + w) norms stored
+  as-is (HF applies ``1 + w`` itself), the GDN output norm a plain weight, MoE experts as
+  per-expert tensors (what HF's ``save_pretrained`` and every released checkpoint use), and
+  ``mtp.*`` at the top level. Tied models write no ``lm_head.weight``.
+* optionally the tokenizer: ``tokenizer.json`` + ``tokenizer_config.json``; for the byte-level
+  tokenizer a faithful ``tokenizers``-format equivalent (``training.data.byte_tokenizer_json``).
+
+The safetensors files are written by this module directly from the format's specification
+(8-byte little-endian header length, JSON header, contiguous data), so the output does not
+depend on which ``safetensors`` version is installed; ``load_hf`` reads them with the library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import struct
+
+import jax
+import numpy as np
+
+from mtpspec.checkpoints.hf import INDEX_FILE, SINGLE_FILE, _check_tree, _model_specs
+from mtpspec.config import FAMILIES, ModelConfig, from_hf_config
+
+# HF's save_pretrained default in transformers 4.x (the released Qwen repos use ~4-5 GB shards).
+DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
+# HF's class default for both families; vLLM takes its default max_model_len from it.
+DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
+_DTYPES = ("float32", "bfloat16")
+_ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
+_MTP_KEY = {"qwen3_5": "mtp_num_hidden_layers", "qwen3_next": "num_nextn_predict_layers"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+# --------------------------------------------------------------------------------------------
+# config
+
+
+def _mrope_section(rotary_dim: int) -> list[int]:
+    """Qwen3.5's 3-way split of the rotary frequencies (t, h, w), as the released configs split
+    them ([11, 11, 10] of 32). For text all three position streams are equal, so the split does
+    not change the result; it only has to cover rotary_dim / 2."""
+    s = rotary_dim // 2
+    return [(s + 2) // 3, (s + 1) // 3, s // 3]
+
+
+def _family_errors(config: ModelConfig, family: str) -> list[str]:
+    """What the family's HF code cannot express, in words (checked before the generic read-back,
+    so the common cases get a specific message)."""
+    errors = []
+    moe_layers = [i for i, t in enumerate(config.mlp_types) if t == "moe"]
+    if family == "qwen3_5":
+        if moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe"):
+            errors.append(
+                f"family 'qwen3_5' (Qwen3_5ForCausalLM) has dense MLPs only, but the config has "
+                f"MoE layers {moe_layers} (MTP MLP {config.mtp_mlp_type!r}); export it as "
+                f"family='qwen3_next'"
+            )
+    else:
+        uses_moe = moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe")
+        if uses_moe and not config.shared_expert_intermediate_size:
+            errors.append(
+                "family 'qwen3_next' MoE blocks always have a shared expert "
+                "(Qwen3NextSparseMoeBlock), but shared_expert_intermediate_size is 0"
+            )
+        first = config.mlp_types[0]
+        if config.mtp_mlp_type != first:
+            errors.append(
+                f"family 'qwen3_next' builds the MTP layer's MLP like layer 0's (vLLM builds it "
+                f"with layer index 0), so mtp_mlp_type must equal mlp_types[0] ({first!r}), "
+                f"got {config.mtp_mlp_type!r}"
+            )
+    return errors
+
+
+def hf_config_dict(
+    config: ModelConfig,
+    *,
+    family: str | None = None,
+    dtype: str | None = None,
+    max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
+) -> dict:
+    """The ``config.json`` dict for ``config`` written as ``family`` with weights stored in
+    ``dtype`` (default: the config's own). Pure: writes nothing.
+
+    Raises ValueError (naming the problem) when the family cannot express the config, i.e.
+    whenever ``from_hf_config`` of the result would differ from
+    ``dataclasses.replace(config, family=family, dtype=dtype)``.
+    """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    family = config.family if family is None else family
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    dtype = config.dtype if dtype is None else dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    if (
+        isinstance(max_position_embeddings, bool)
+        or not isinstance(max_position_embeddings, int)
+        or max_position_embeddings < 1
+    ):
+        raise ValueError(
+            f"max_position_embeddings must be a positive int, got {max_position_embeddings!r}"
+        )
+    errors = _family_errors(config, family)
+    if errors:
+        raise ValueError("; ".join(errors))
+
+    c = config
+    out = {
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": None,
+        "dtype": dtype,
+        "eos_token_id": None,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": c.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": c.intermediate_size,
+        "layer_types": list(c.layer_types),
+        "linear_conv_kernel_dim": c.linear_conv_kernel_dim,
+        "linear_key_head_dim": c.linear_key_head_dim,
+        "linear_num_key_heads": c.linear_num_key_heads,
+        "linear_num_value_heads": c.linear_num_value_heads,
+        "linear_value_head_dim": c.linear_value_head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "num_attention_heads": c.num_attention_heads,
+        "num_hidden_layers": c.num_layers,
+        "num_key_value_heads": c.num_key_value_heads,
+        "pad_token_id": None,
+        "rms_norm_eps": c.rms_norm_eps,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "use_cache": True,
+        "vocab_size": c.vocab_size,
+        _MTP_KEY[family]: c.mtp_num_layers,
+    }
+    rope = {
+        "partial_rotary_factor": c.partial_rotary_factor,
+        "rope_theta": c.rope_theta,
+        "rope_type": "default",
+    }
+    if family == "qwen3_5":
+        out["architectures"] = ["Qwen3_5ForCausalLM"]
+        out["model_type"] = "qwen3_5_text"
+        out["mtp_use_dedicated_embeddings"] = False  # MTP shares embed_tokens / lm_head
+        rope["mrope_interleaved"] = True
+        rope["mrope_section"] = _mrope_section(c.rotary_dim)
+    else:
+        out["architectures"] = ["Qwen3NextForCausalLM"]
+        out["model_type"] = "qwen3_next"
+        out["decoder_sparse_step"] = 1
+        out["mlp_only_layers"] = [i for i, t in enumerate(c.mlp_types) if t == "dense"]
+        out["num_experts"] = c.num_experts
+        out["num_experts_per_tok"] = c.num_experts_per_tok
+        out["moe_intermediate_size"] = c.moe_intermediate_size
+        out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
+        out["norm_topk_prob"] = c.norm_topk_prob
+        out["output_router_logits"] = False
+        out["router_aux_loss_coef"] = 0.001
+    out["rope_parameters"] = rope
+    out = dict(sorted(out.items()))
+
+    want = dataclasses.replace(config, family=family, dtype=dtype)
+    got = from_hf_config(out)
+    if got != want:
+        diff = [
+            f"{f.name}: {getattr(want, f.name)!r} would read back as {getattr(got, f.name)!r}"
+            for f in dataclasses.fields(ModelConfig)
+            if getattr(want, f.name) != getattr(got, f.name)
+        ]
+        raise ValueError(
+            f"family {family!r} cannot express this config (from_hf_config reads the written "
+            f"config.json back differently): {'; '.join(diff)}"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# tensors
+
+
+def _get(tree, path: tuple):
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def hf_tensors(config: ModelConfig, params: dict, *, dtype: str | None = None) -> dict:
+    """HF tensor name -> numpy array (``dtype``, default the config's), in ``config.family``'s
+    layout; the inverse of ``load_hf``'s mapping. Pure. ``params`` must match
+    ``param_shapes(config)`` exactly (ValueError naming the leaf otherwise)."""
+    dtype = config.dtype if dtype is None else dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    _check_tree(params, config)
+    out_dtype = np.dtype(jax.numpy.dtype(dtype))
+    out: dict[str, np.ndarray] = {}
+    # names=set(): per-expert MoE tensors, the on-disk layout of the family's HF code.
+    for spec in _model_specs(config, "model.", set()):
+        leaves = [np.asarray(jax.device_get(_get(params, p))) for p in spec.outs]
+        tensors = spec.inv(*leaves)
+        for name, shape, t in zip(spec.names, spec.shapes, tensors, strict=True):
+            if tuple(t.shape) != shape:  # a bug in an inverse, never user input
+                raise AssertionError(f"export of {name} has shape {t.shape}, expected {shape}")
+            out[name] = np.ascontiguousarray(t.astype(out_dtype))
+    return out
+
+
+def _write_safetensors(file: pathlib.Path, tensors: dict, metadata: dict) -> None:
+    """One safetensors file, tensors in sorted name order (deterministic bytes)."""
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        n = t.nbytes
+        header[name] = {
+            "dtype": _ST_DTYPE[t.dtype.name],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # pad the header to 8-byte alignment, as the writer does
+    with open(file, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in sorted(tensors):
+            t = tensors[name]
+            t = np.ascontiguousarray(t.astype(t.dtype.newbyteorder("<"), copy=False))
+            f.write(t.reshape(-1).view(np.uint8).data)  # no extra copy on little-endian hosts
+
+
+def _shards(tensors: dict, max_shard_bytes: int) -> list[list[str]]:
+    """Names grouped into shards in sorted order, each at most max_shard_bytes (a tensor larger
+    than that gets a shard of its own)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name in sorted(tensors):
+        n = tensors[name].nbytes
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
+    """file name -> text for the tokenizer, validated against the vocabulary."""
+    from mtpspec.training.data import ByteTokenizer, HFTokenizer, byte_tokenizer_json
+
+    if tokenizer is None:
+        return None
+    tok_path = False
+    if isinstance(tokenizer, ByteTokenizer):
+        text = json.dumps(byte_tokenizer_json(), ensure_ascii=False, indent=2) + "\n"
+        size = tokenizer.vocab_size
+    elif isinstance(tokenizer, HFTokenizer):
+        text = tokenizer.to_json()
+        size = tokenizer.vocab_size
+    elif isinstance(tokenizer, str | os.PathLike):
+        src = pathlib.Path(tokenizer)
+        if src.is_dir():
+            src = src / "tokenizer.json"
+        if not src.is_file():
+            raise OSError(f"no tokenizer.json at {src}")
+        text = src.read_text()
+        tok_path = True
+        try:
+            data = json.loads(text)
+            vocab = data["model"]["vocab"]
+            ids = vocab.values() if isinstance(vocab, dict) else range(len(vocab))
+            added = [t["id"] for t in data.get("added_tokens", [])]
+            size = max([*ids, *added], default=-1) + 1
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{src} is not a tokenizers-format tokenizer.json: {e!r}") from e
+    else:
+        raise TypeError(
+            "tokenizer must be None, a ByteTokenizer, an HFTokenizer or a path to a "
+            f"tokenizer.json, got {type(tokenizer).__name__}"
+        )
+    if size > config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {size} ids but the model's vocab_size is {config.vocab_size}"
+        )
+    beside = src.parent / "tokenizer_config.json" if tok_path else None
+    if beside is not None and beside.is_file():  # keep a real tokenizer's special tokens etc.
+        tok_config_text = beside.read_text()
+    else:  # the generic fast tokenizer over tokenizer.json, no text clean-up (exact bytes)
+        tok_config = {
+            "clean_up_tokenization_spaces": False,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        }
+        tok_config_text = json.dumps(tok_config, indent=2) + "\n"
+    return {"tokenizer.json": text, "tokenizer_config.json": tok_config_text}
+
+
+# --------------------------------------------------------------------------------------------
+# save_hf
+
+
+def _our_files(path: pathlib.Path) -> list[pathlib.Path]:
+    """Files in ``path`` that an earlier export may have written (removed on overwrite)."""
+    pats = ("config.json", SINGLE_FILE, INDEX_FILE, "model-*-of-*.safetensors", *TOKENIZER_FILES)
+    return sorted({f for pat in pats for f in path.glob(pat) if f.is_file()})
+
+
+def save_hf(
+    config: ModelConfig,
+    params: dict,
+    path: str | os.PathLike,
+    *,
+    family: str | None = None,
+    dtype: str | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    tokenizer=None,
+    max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
+    overwrite: bool = False,
+) -> list[str]:
+    """Write ``(config, params)`` as an HF checkpoint directory that ``load_hf`` and transformers
+    read; returns the written file names.
+
+    family: "qwen3_5" | "qwen3_next" (default ``config.family``). A dense model can be written
+      as either; the parameter tree is the same, only the projection layout and config differ.
+    dtype: "float32" | "bfloat16" storage dtype (default ``config.dtype``); ``config.json``
+      records it, so ``load_hf(path)`` returns ``replace(config, family=family, dtype=dtype)``
+      and params equal to ``params`` cast to ``dtype``, bit for bit.
+    max_shard_bytes: above this total the tensors go to numbered shards + an index.
+    tokenizer: None, ``training.data.ByteTokenizer()`` (writes a byte-level ``tokenizer.json``),
+      an ``HFTokenizer``, or a path to a ``tokenizer.json`` (copied).
+    overwrite: ``path`` must otherwise be absent or an empty directory; with ``overwrite`` the
+      files an earlier export wrote there (config, weights, index, shards, tokenizer) are removed.
+
+    Every argument, the config/family combination, the parameter tree and the destination are
+    checked before anything is written (ValueError / TypeError / OSError naming the problem).
+    """
+    cfg_dict = hf_config_dict(
+        config, family=family, dtype=dtype, max_position_embeddings=max_position_embeddings
+    )
+    family = config.family if family is None else family
+    dtype = config.dtype if dtype is None else dtype
+    if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int):
+        raise TypeError(f"max_shard_bytes must be an int, got {type(max_shard_bytes).__name__}")
+    if max_shard_bytes < 1:
+        raise ValueError(f"max_shard_bytes must be positive, got {max_shard_bytes}")
+    out_config = dataclasses.replace(config, family=family, dtype=dtype)
+    tensors = hf_tensors(out_config, params, dtype=dtype)
+    tok_files = _tokenizer_files(tokenizer, config)
+
+    path = pathlib.Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise OSError(f"{path} exists and is not a directory")
+        stale = _our_files(path)
+        others = sorted(set(path.iterdir()) - set(stale))
+        if others and not overwrite:
+            raise FileExistsError(f"{path} is not empty ({others[0].name}, ...)")
+        if stale and not overwrite:
+            raise FileExistsError(f"{path} already holds a checkpoint (pass overwrite=True)")
+        for f in stale:
+            f.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+
+    written = []
+    metadata = {"format": "pt"}  # what transformers expects of a PyTorch-loadable file
+    shards = _shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        _write_safetensors(path / SINGLE_FILE, tensors, metadata)
+        written.append(SINGLE_FILE)
+    else:
+        weight_map = {}
+        for i, names in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            _write_safetensors(path / fname, {n: tensors[n] for n in names}, metadata)
+            weight_map.update({n: fname for n in names})
+            written.append(fname)
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+        (path / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        written.append(INDEX_FILE)
+    for fname, text in (tok_files or {}).items():
+        (path / fname).write_text(text)
+        written.append(fname)
+    # config.json last: a directory whose export was interrupted does not look like a checkpoint.
+    (path / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    written.append("config.json")
+    return written
