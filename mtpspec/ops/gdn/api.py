@@ -123,8 +123,10 @@ def _pallas_reason(q, k, v, chunk_size, platform):
     return pallas_unsupported_reason(dtypes, k.shape[-1], chunk_size, platform)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size"))
-def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size):
+@functools.partial(
+    jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size", "platform")
+)
+def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size, platform):
     hv = v.shape[2]
     f32 = jnp.float32
     if method == "pallas":  # takes key heads unexpanded and inputs in their own dtype
@@ -132,7 +134,7 @@ def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk
             scale=scale,
             chunk=effective_chunk(q.shape[1], chunk_size),
             return_states=return_states,
-            interpret=jax.default_backend() == "cpu",
+            interpret=platform == "cpu",  # static: part of the jit cache key
         )
         o, final, u, states = gdn_pallas(q, k, v, g, beta, initial_state.astype(f32), cfg)
         return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
@@ -190,6 +192,7 @@ def gated_delta_rule_with_aux(
         scale=scale,
         return_states=bool(return_states),
         chunk_size=min(chunk_size, t) if method == "chunk" else chunk_size,
+        platform=platform,
     )
     return o.astype(q.dtype), final, aux
 
