@@ -165,9 +165,7 @@ def test_explicit_pallas_raises_instead_of_falling_back(monkeypatch, change, mat
     if "platform" in change:
         monkeypatch.setattr(api.jax, "default_backend", lambda: change["platform"])
     with pytest.raises(ValueError, match=match):
-        ops.gated_delta_rule(
-            q, k, v, g, beta, method="pallas", chunk_size=change.get("chunk_size")
-        )
+        ops.gated_delta_rule(q, k, v, g, beta, method="pallas", chunk_size=change.get("chunk_size"))
 
 
 @pytest.mark.parametrize(
