@@ -43,7 +43,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pl_triton
 
 from mtpspec.ops.gdn.chunk import chunked
 from mtpspec.ops.gdn.common import HIGHEST, expand_key_heads
@@ -211,12 +210,27 @@ def _gdn_kernel(
 # ---- the wrapper: padding, layout, pallas_call ----------------------------------------------
 
 
+def _triton_params():
+    """Selects the Triton lowering explicitly (Mosaic GPU is the default GPU lowering). Imported
+    lazily: the Triton backend is deprecated from JAX 0.11, and a JAX without it must still import
+    mtpspec; only compiling this kernel then fails, with this message."""
+    try:
+        from jax.experimental.pallas import triton as pl_triton
+    except ImportError as e:
+        raise ValueError(
+            f"gated_delta_rule(method='pallas') needs the Pallas Triton lowering, which this JAX "
+            f"({jax.__version__}) does not provide: {e}"
+        ) from e
+    return pl_triton.CompilerParams(num_warps=4, num_stages=1)
+
+
 def _pallas_forward(q, k, v, g, beta, s0, cfg: PallasConfig):
     """Pads, calls the kernel, slices. Returns (o f32, final, u, states or None)."""
     b, t, hk, dk = k.shape
     hv, dv = v.shape[2:]
     r = hv // hk
     c = cfg.chunk
+    compiler_params = None if cfg.interpret else _triton_params()
     n = -(-t // c)
     tp = n * c
     kp, vp = padded_dim(dk), padded_dim(dv)
@@ -256,7 +270,7 @@ def _pallas_forward(q, k, v, g, beta, s0, cfg: PallasConfig):
         grid=(b, hv, nvb),
         in_specs=[qk_spec, qk_spec, val_spec, gate_spec, gate_spec, state_spec],
         out_specs=out_specs,
-        compiler_params=pl_triton.CompilerParams(num_warps=4, num_stages=1),
+        compiler_params=compiler_params,
         interpret=cfg.interpret,
         name=f"gdn_chunk{c}" + ("_states" if cfg.return_states else ""),
     )(q, k, v, g_in, beta, s0)
