@@ -187,3 +187,35 @@ def test_kernel_lowers_to_triton_for_cuda(t, dk, dv, chunk, states):
     fn = jax.jit(pallas_gpu.gdn_pallas, static_argnums=6)
     text = fn.trace(q, q, v, g, g, s0, cfg).lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_model_verify_window_with_pallas_equals_chunk_including_commit_data():
+    """The decoder's verify window (``window_step`` with per-position states, ragged ``valid``,
+    a non-zero GDN state and conv window) gives the same logits, caches and GDN commit data with
+    method "pallas" as with "chunk"."""
+    from mtpspec import config as C
+    from mtpspec import models
+
+    config = C.tiny_hybrid(layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    params = models.init_params(config, jax.random.key(3), norm_scale=0.1)
+    state = models.init_decode_state(config, 2, 16)
+    gdn = state.layers[0]
+    keys = jax.random.split(jax.random.key(5), 2)
+    gdn = gdn._replace(
+        state=0.3 * jax.random.normal(keys[0], gdn.state.shape),
+        conv=jax.random.normal(keys[1], gdn.conv.shape).astype(gdn.conv.dtype),
+    )
+    state = state._replace(layers=(gdn,) + state.layers[1:])
+    tokens = jax.random.randint(jax.random.key(1), (2, 5), 0, config.vocab_size)
+    valid = jnp.array([2, 5])
+
+    def window(method):
+        return models.window_step(
+            config, params, state, tokens, valid, gdn_method=method, gdn_states=True
+        )
+
+    ref, got = window("chunk"), window("pallas")
+    assert got.commit[0]["aux"].states.shape[:2] == (2, 5)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        assert a.shape == b.shape and a.dtype == b.dtype
+        assert np.array_equal(a, b) if a.dtype == jnp.int32 else rel_err(a, b) <= TOL
