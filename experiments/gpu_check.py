@@ -4,8 +4,8 @@
     python -m experiments.gpu_check --cpu_smoke  # here: tiny shapes, interpret mode, < 1 min
 
 What it prints (and writes as JSON to --json_out):
-1. correctness: pallas vs "recurrent" at every prefill length (o and final state, f32), the
-   verify windows' GDNAux (u, per-position states) vs the chunked form, and the bf16 rule
+1. correctness: pallas vs "recurrent" at every prefill length (o and final state, f32) and every
+   verify window (o, final state and the GDNAux: u, per-position states), and the bf16 rule
    (kernel error <= 1.5x the reference's own bf16 error against f32) at the first prefill length;
 2. timings (median of --repeats calls, compile and one warm-up excluded) of every method for
    prefill (T = 2048..16384) and verify windows (T = 2..16; "assoc" only up to --assoc_max_t);
@@ -169,7 +169,7 @@ def run_check(cfg: dict) -> dict:
                 result["failures"].append(f"{kind} t={t} {m}: {type(e).__name__}: {e}")
                 print(f"ERROR {kind} t={t} {m}: {type(e).__name__}: {e}", flush=True)
         # correctness of pallas against the reference outputs of this very run
-        ref_name = "recurrent" if kind == "prefill" else "chunk"
+        ref_name = "recurrent"
         if "pallas" in outs and ref_name in outs:
             got, ref = outs["pallas"], outs[ref_name]
             errs = {"o": rel_err(got[0], ref[0]), "final": rel_err(got[1], ref[1])}

@@ -49,7 +49,7 @@ def test_pallas_matches_recurrence_on_off_tile_shapes(b, t, hk, r, dk, dv, with_
     assert aux.states is None
 
 
-@pytest.mark.parametrize("t", [3, 16])
+@pytest.mark.parametrize("t", [9])  # k = 8 drafts; t = 5 runs in the model test below
 def test_verify_window_commit_data_matches_and_commits_every_prefix(t):
     """t = k+1 <= 16 runs as one chunk of 16 and returns GDNAux(u, g_cum, states) equal to the
     chunked and recurrent forms'; ``state_after`` from it gives S_n for every n in 0..t."""

@@ -8,8 +8,8 @@ from experiments import gpu_check
 
 def test_gpu_check_cpu_smoke_runs_and_passes_its_checks():
     cfg = dict(
-        methods=["recurrent", "chunk", "assoc", "pallas"],
-        assoc_max_t=16,
+        methods=["recurrent", "assoc", "pallas"],  # "make gpu-check-smoke" times every method
+        assoc_max_t=4,  # assoc is skipped (and marked) everywhere: it would only cost compile time
         budget_s=600.0,
         **gpu_check.SMOKE,
     )
@@ -18,8 +18,8 @@ def test_gpu_check_cpu_smoke_runs_and_passes_its_checks():
     (prefill,) = result["prefill"]
     (window,) = result["windows"]
     assert prefill["ok"] and window["ok"] and result["bf16"]["ok"]
-    assert prefill["assoc"] is None  # beyond assoc_max_t: marked, not dropped
+    assert prefill["assoc"] is None and window["assoc"] is None  # marked, not dropped
     for row in (prefill, window):
-        assert all(isinstance(row[m], float) for m in ("recurrent", "chunk", "pallas"))
+        assert all(isinstance(row[m], float) for m in ("recurrent", "pallas"))
     assert set(window["pallas_err"]) == {"o", "final", "u", "states"}
     assert [x["chunk"] for x in result["sweep"]] == [16]
