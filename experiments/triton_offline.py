@@ -46,7 +46,7 @@ def dump(out_dir: pathlib.Path) -> None:
     for name, t, dk, dv, chunk, block_v, states in CASES:
         captured = []
 
-        def capture(*args, **kwargs):
+        def capture(*args, captured=captured, **kwargs):
             result = lower_module(*args, **kwargs)
             captured.append(result.module.operation.get_asm(enable_debug_info=False))
             return result
