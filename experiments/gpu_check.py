@@ -33,7 +33,9 @@ flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes on CPU (interpret mode): chec
 flags.DEFINE_list("prefill_lengths", ["2048", "4096", "8192", "16384"], "Prefill lengths.")
 flags.DEFINE_list("window_lengths", ["2", "3", "5", "9", "16"], "Verify window lengths (k+1).")
 flags.DEFINE_list("methods", ["recurrent", "chunk", "assoc", "pallas"], "Methods to time.")
-flags.DEFINE_list("sweep", ["32x32", "32x64", "64x32", "64x64"], "Pallas chunk x block_v sweep.")
+flags.DEFINE_list(
+    "sweep", ["32x64x4", "32x64x8", "32x32x8", "64x64x8"], "Pallas chunk x block_v x warps sweep."
+)
 flags.DEFINE_integer("batch", 1, "Batch size.")
 flags.DEFINE_integer("key_heads", 16, "q/k heads.")
 flags.DEFINE_integer("value_heads", 32, "v heads (a multiple of key_heads).")
@@ -52,7 +54,7 @@ SMOKE = dict(
     value_heads=2,
     key_dim=16,
     value_dim=24,
-    sweep=[(16, 32)],
+    sweep=[(16, 32, 8)],
     repeats=2,
 )
 PREFILL_TOL = 1e-4  # long sequences: as the chunk-form test at T = 4096
@@ -232,27 +234,33 @@ def run_check(cfg: dict) -> dict:
         if not ok:
             result["failures"].append(f"bf16 rule: {got_err} > 1.5 x {ref_err}")
 
-    # ---- kernel sweep: chunk size x value block, at the first prefill length -----------------
+    # ---- kernel sweep: chunk size x value block x warps, at the first prefill length ---------
     inputs = make_inputs(cfg, t)
     interpret = jax.default_backend() == "cpu"
     scale = cfg["key_dim"] ** -0.5
-    for chunk, block_v in cfg["sweep"]:
+    for chunk, block_v, warps in cfg["sweep"]:
+        point = {"chunk": chunk, "block_v": block_v, "num_warps": warps}
         if over_budget():
-            result["sweep"].append({"chunk": chunk, "block_v": block_v, "ms": "budget"})
+            result["sweep"].append({**point, "ms": "budget"})
             continue
         pcfg = pallas_gpu.PallasConfig(
-            scale=scale, chunk=chunk, return_states=False, interpret=interpret, block_v=block_v
+            scale=scale,
+            chunk=chunk,
+            return_states=False,
+            interpret=interpret,
+            block_v=block_v,
+            num_warps=warps,
         )
         fn = jax.jit(lambda *a, pcfg=pcfg: pallas_gpu.gdn_pallas(*a, pcfg)[:2])
         try:
             sec, _ = timed(fn, *inputs, repeats=cfg["repeats"])
         except Exception as e:
-            result["sweep"].append({"chunk": chunk, "block_v": block_v, "ms": "error"})
-            result["failures"].append(f"sweep {chunk}x{block_v}: {type(e).__name__}: {e}")
-            print(f"ERROR sweep {chunk}x{block_v}: {type(e).__name__}: {e}", flush=True)
+            result["sweep"].append({**point, "ms": "error"})
+            result["failures"].append(f"sweep {point}: {type(e).__name__}: {e}")
+            print(f"ERROR sweep {point}: {type(e).__name__}: {e}", flush=True)
             continue
-        result["sweep"].append({"chunk": chunk, "block_v": block_v, "ms": sec * 1e3})
-        print(f"sweep t={t} chunk={chunk} block_v={block_v}: {sec * 1e3:.3f} ms", flush=True)
+        result["sweep"].append({**point, "ms": sec * 1e3})
+        print(f"sweep t={t} {point}: {sec * 1e3:.3f} ms", flush=True)
 
     result["elapsed_s"] = time.perf_counter() - started
     status = "FAILED: " + "; ".join(result["failures"]) if result["failures"] else "all checks ok"

@@ -4,7 +4,7 @@
     .venv/bin/python experiments/triton_offline.py dump /tmp/gdn_ttir
     # 2. with a separate venv holding the `triton` package (never beside the project's JAX):
     python3 -m venv /tmp/tri && /tmp/tri/bin/pip install triton==3.9.0
-    /tmp/tri/bin/python experiments/triton_offline.py compile /tmp/gdn_ttir
+    /tmp/tri/bin/python experiments/triton_offline.py compile /tmp/gdn_ttir [--num_warps=4]
 
 Step 2 compiles each TTIR for sm_90 (Hopper) with the pip Triton's own pipeline and reports the
 cubin's resources (registers, stack = spilled/local arrays, shared memory) and whether the float32
@@ -73,7 +73,7 @@ def dump(out_dir: pathlib.Path) -> None:
         print(f"{name}: {len(text)} chars of TTIR (jax {jax.__version__})")
 
 
-def compile_all(out_dir: pathlib.Path) -> None:
+def compile_all(out_dir: pathlib.Path, num_warps: int) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -81,7 +81,9 @@ def compile_all(out_dir: pathlib.Path) -> None:
     results = {}
     for path in sorted(out_dir.glob("*.ttir")):
         kernel = triton.compile(
-            str(path), target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}
+            str(path),
+            target=GPUTarget("cuda", 90, 32),
+            options={"num_warps": num_warps, "num_stages": 1},
         )
         ptx = kernel.asm["ptx"]
         cubin = path.with_suffix(".cubin")
@@ -101,7 +103,7 @@ def compile_all(out_dir: pathlib.Path) -> None:
         results[path.stem] = row
         print(f"{path.stem}: {row}", flush=True)
     (out_dir / "compile.json").write_text(json.dumps(results, indent=2))
-    print(f"triton {triton.__version__}; wrote {out_dir / 'compile.json'}")
+    print(f"triton {triton.__version__}, num_warps {num_warps}; wrote {out_dir / 'compile.json'}")
 
 
 _RES_KEYS = ("REG", "STACK", "SHARED", "LOCAL")
@@ -111,9 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("step", choices=("dump", "compile"))
     parser.add_argument("dir", type=pathlib.Path)
+    parser.add_argument("--num_warps", type=int, default=8, help="Triton warps (compile step).")
     args = parser.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    dump(args.dir) if args.step == "dump" else compile_all(args.dir)
+    dump(args.dir) if args.step == "dump" else compile_all(args.dir, args.num_warps)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,9 @@ from mtpspec.ops.gdn.common import HIGHEST, expand_key_heads
 PALLAS_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 PALLAS_MAX_KEY_DIM = 256  # the state tile [k, block_v] f32 lives in registers
 PALLAS_BLOCK_V = 64  # value columns per program (the grid's third axis covers the rest)
+# Triton warps per program: 8 spilled far less than 4 when compiled offline for sm_90
+# (`experiments/triton_offline.py`, BUILD_NOTES.md); not timed on a GPU yet.
+PALLAS_NUM_WARPS = 8
 PALLAS_MIN_TILE = 16  # Triton's smallest dot operand dimension
 PALLAS_CHUNK_SIZES = (16, 32, 64, 128)
 # Default chunk on GPU: 32 keeps the C×C tiles (L, A, T, QKᵀ) and the serial C-step solve small;
@@ -110,6 +113,7 @@ class PallasConfig(NamedTuple):
     return_states: bool
     interpret: bool
     block_v: int = PALLAS_BLOCK_V
+    num_warps: int = PALLAS_NUM_WARPS
 
 
 # ---- the kernel ----------------------------------------------------------------------------
@@ -210,7 +214,7 @@ def _gdn_kernel(
 # ---- the wrapper: padding, layout, pallas_call ----------------------------------------------
 
 
-def _triton_params():
+def _triton_params(num_warps: int):
     """Selects the Triton lowering explicitly (Mosaic GPU is the default GPU lowering). Imported
     lazily: the Triton backend is deprecated from JAX 0.11, and a JAX without it must still import
     mtpspec; only compiling this kernel then fails, with this message."""
@@ -221,7 +225,7 @@ def _triton_params():
             f"gated_delta_rule(method='pallas') needs the Pallas Triton lowering, which this JAX "
             f"({jax.__version__}) does not provide: {e}"
         ) from e
-    return pl_triton.CompilerParams(num_warps=4, num_stages=1)
+    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
 def _pallas_forward(q, k, v, g, beta, s0, cfg: PallasConfig):
@@ -230,7 +234,7 @@ def _pallas_forward(q, k, v, g, beta, s0, cfg: PallasConfig):
     hv, dv = v.shape[2:]
     r = hv // hk
     c = cfg.chunk
-    compiler_params = None if cfg.interpret else _triton_params()
+    compiler_params = None if cfg.interpret else _triton_params(cfg.num_warps)
     n = -(-t // c)
     tp = n * c
     kp, vp = padded_dim(dk), padded_dim(dv)
