@@ -34,7 +34,7 @@ flags.DEFINE_list("prefill_lengths", ["2048", "4096", "8192", "16384"], "Prefill
 flags.DEFINE_list("window_lengths", ["2", "3", "5", "9", "16"], "Verify window lengths (k+1).")
 flags.DEFINE_list("methods", ["recurrent", "chunk", "assoc", "pallas"], "Methods to time.")
 flags.DEFINE_list(
-    "sweep", ["32x64x4", "32x64x8", "32x32x8", "64x64x8"], "Pallas chunk x block_v x warps sweep."
+    "sweep", ["16x64x8", "32x64x4", "32x64x8", "64x64x8"], "Pallas chunk x block_v x warps sweep."
 )
 flags.DEFINE_integer("batch", 1, "Batch size.")
 flags.DEFINE_integer("key_heads", 16, "q/k heads.")
