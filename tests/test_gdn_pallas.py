@@ -219,3 +219,13 @@ def test_model_verify_window_with_pallas_equals_chunk_including_commit_data():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         assert np.array_equal(a, b) if a.dtype == jnp.int32 else rel_err(a, b) <= TOL
+
+
+def test_tiles_are_powers_of_two_and_windows_run_as_one_chunk():
+    assert [pallas_gpu.effective_chunk(t, 64) for t in (1, 2, 9, 16)] == [16] * 4
+    assert [pallas_gpu.effective_chunk(t, c) for t, c in ((17, 64), (37, 16), (5000, 32))] == [
+        32,
+        16,
+        32,
+    ]
+    assert [pallas_gpu.padded_dim(d) for d in (1, 8, 16, 24, 80, 128)] == [16, 16, 16, 32, 128, 128]

@@ -56,7 +56,7 @@ PALLAS_NUM_WARPS = 8
 PALLAS_MIN_TILE = 16  # Triton's smallest dot operand dimension
 PALLAS_CHUNK_SIZES = (16, 32, 64, 128)
 # Default chunk on GPU: 32 keeps the C×C tiles (L, A, T, QKᵀ) and the serial C-step solve small;
-# not measured on a GPU yet (`experiments/gpu_check.py --chunk_sizes=...` sweeps it).
+# not measured on a GPU yet (`experiments/gpu_check.py --sweep=...` times the choices).
 PALLAS_DEFAULT_CHUNK = 32
 VERIFY_MAX_T = 16  # t <= 16: one chunk of 16, the verify-window specialisation
 PALLAS_PLATFORMS = ("cpu", "gpu")  # gpu: compiled through Triton; cpu: interpret=True
@@ -72,8 +72,10 @@ def padded_dim(d: int) -> int:
 
 
 def effective_chunk(t: int, chunk_size: int) -> int:
-    """Chunk the kernel runs for ``t`` positions: 16 for a verify window (t <= 16), else
-    ``chunk_size`` but no longer than t rounded up to a power of two."""
+    """Chunk the kernel runs for ``t`` positions: one chunk of 16 for a verify window (t <= 16),
+    else ``chunk_size`` but no longer than t rounded up to a power of two."""
+    if t <= VERIFY_MAX_T:
+        return VERIFY_MAX_T
     return max(PALLAS_MIN_TILE, min(chunk_size, _next_pow2(t)))
 
 
