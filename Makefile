@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-hf lint format install demo bench-gdn clean
+.PHONY: test test-hf lint format install demo bench-gdn gpu-check-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ demo: $(STAMP)
 
 bench-gdn: $(STAMP)
 	$(BIN)/python -m experiments.bench_gdn
+
+# The prepared GPU check (issue 8) on CPU: interpret mode, tiny shapes, < 1 minute.
+gpu-check-smoke: $(STAMP)
+	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
 
 clean:
 	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache

@@ -163,12 +163,6 @@ def test_auto_resolves_by_length_and_says_so(caplog):
     assert rel_err(o, ref_o) <= TOL
 
 
-def test_pallas_raises_instead_of_falling_back():
-    q, k, v, g, beta, _ = random_gdn_inputs(1, 1, 4, 1, 1, 8, 8)
-    with pytest.raises(NotImplementedError, match="pallas"):
-        ops.gated_delta_rule(q, k, v, g, beta, method="pallas")
-
-
 def _bad_cases():
     q, k, v, g, beta, s0 = random_gdn_inputs(0, 2, 5, 2, 2, 8, 4)
     ok = dict(q=q, k=k, v=v, g=g, beta=beta)

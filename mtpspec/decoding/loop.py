@@ -33,7 +33,7 @@ from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
 
 PROPOSERS = ("mtp", "ngram", "draft")
-VERIFY_METHODS = ("auto", "recurrent", "chunk", "assoc")
+VERIFY_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
 BUCKET = 16
 RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
 STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}

@@ -8,6 +8,10 @@ Value head i reads key head i // (hv // hk), as HF's ``repeat_interleave``. No q
 happens here (the layer does it). Inputs may be bf16; math and state are float32; ``o`` comes
 back in q's dtype. An explicitly named method runs or raises, never falls back; ``"auto"`` picks by
 shape and platform (``resolve_gdn_method``) and logs its choice once per shape.
+
+``"pallas"`` (``pallas_gpu.py``) is compiled through Triton on GPU and runs with
+``interpret=True`` on CPU; anything it cannot run (dtype, key dim, chunk size, platform) raises a
+ValueError naming it, before any device work.
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ import jax.numpy as jnp
 from mtpspec.ops.gdn.assoc import assoc
 from mtpspec.ops.gdn.chunk import chunked
 from mtpspec.ops.gdn.common import GDNAux, expand_key_heads
+from mtpspec.ops.gdn.pallas_gpu import (
+    PALLAS_DEFAULT_CHUNK,
+    PallasConfig,
+    effective_chunk,
+    gdn_pallas,
+    pallas_unsupported_reason,
+)
 from mtpspec.ops.gdn.reference import recurrent
 
 logger = logging.getLogger("mtpspec.ops")
@@ -36,18 +47,24 @@ DEFAULT_CHUNK_SIZE_OTHER = 64
 # at realistic heads the chunked form (chunk = min(32, t)) already wins from t = 2
 # (`python -m experiments.bench_gdn`, BUILD_NOTES.md); "assoc" never wins there (k³ per combine).
 AUTO_RECURRENT_MAX_T = 1
+# Platforms on which "auto" runs the Pallas kernel (compiled, not interpreted).
+AUTO_PALLAS_PLATFORMS = ("gpu",)
 
 
-def resolve_gdn_method(t: int, platform: str | None = None) -> str:
+def resolve_gdn_method(t: int, platform: str | None = None, *, pallas_ok: bool = True) -> str:
     """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``.
 
-    "pallas" is never chosen automatically until the kernel exists; a single token (a decode step)
-    runs the recurrence; anything longer (verification windows, prefill, training) runs the chunked
-    form, which measured faster from t = 2 on CPU.
+    A single token (a decode step) runs the recurrence everywhere. Longer sequences (verification
+    windows, prefill, training) run the Pallas kernel on GPU when it supports the call
+    (``pallas_ok``: dtype, key dim), otherwise the chunked form, which measured faster from t = 2
+    on CPU. On CPU Pallas would only run interpreted, so "auto" never picks it there.
     """
     platform = platform or jax.default_backend()
-    del platform  # same choice on every platform until the Pallas kernel lands
-    return "recurrent" if t <= AUTO_RECURRENT_MAX_T else "chunk"
+    if t <= AUTO_RECURRENT_MAX_T:
+        return "recurrent"
+    if platform in AUTO_PALLAS_PLATFORMS and pallas_ok:
+        return "pallas"
+    return "chunk"
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,16 +113,31 @@ def _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size):
     ):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if method == "pallas":
-        raise NotImplementedError(
-            "gated_delta_rule(method='pallas'): the Pallas kernel is not implemented yet; "
-            "use 'recurrent', 'chunk', 'assoc' or 'auto'"
-        )
+        reason = _pallas_reason(q, k, v, chunk_size, jax.default_backend())
+        if reason is not None:
+            raise ValueError(reason)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size"))
-def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size):
+def _pallas_reason(q, k, v, chunk_size, platform):
+    dtypes = {"q": q.dtype, "k": k.dtype, "v": v.dtype}
+    return pallas_unsupported_reason(dtypes, k.shape[-1], chunk_size, platform)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size", "platform")
+)
+def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size, platform):
     hv = v.shape[2]
     f32 = jnp.float32
+    if method == "pallas":  # takes key heads unexpanded and inputs in their own dtype
+        cfg = PallasConfig(
+            scale=scale,
+            chunk=effective_chunk(q.shape[1], chunk_size),
+            return_states=return_states,
+            interpret=platform == "cpu",  # static: part of the jit cache key
+        )
+        o, final, u, states = gdn_pallas(q, k, v, g, beta, initial_state.astype(f32), cfg)
+        return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
     q, k = (expand_key_heads(x.astype(f32), hv) for x in (q, k))
     args = (q, k, v.astype(f32), g.astype(f32), beta.astype(f32), initial_state.astype(f32))
     if method == "recurrent":
@@ -137,14 +169,18 @@ def gated_delta_rule_with_aux(
     _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size)
     b, t, _, dk = k.shape
     hv, dv = v.shape[2:]
+    platform = jax.default_backend()
     if method == "auto":
-        method = resolve_gdn_method(t)
-        _log_auto_choice(t, jax.default_backend(), method)
+        pallas_ok = _pallas_reason(q, k, v, chunk_size, platform) is None
+        method = resolve_gdn_method(t, platform, pallas_ok=pallas_ok)
+        _log_auto_choice(t, platform, method)
     if initial_state is None:
         initial_state = jnp.zeros((b, hv, dk, dv), jnp.float32)
     scale = float(dk**-0.5 if scale is None else scale)
-    if chunk_size is None:
-        chunk_size = DEFAULT_CHUNK_SIZE.get(jax.default_backend(), DEFAULT_CHUNK_SIZE_OTHER)
+    if chunk_size is None and method == "pallas":
+        chunk_size = PALLAS_DEFAULT_CHUNK
+    elif chunk_size is None:
+        chunk_size = DEFAULT_CHUNK_SIZE.get(platform, DEFAULT_CHUNK_SIZE_OTHER)
     o, final, aux = _run(
         q,
         k,
@@ -156,6 +192,7 @@ def gated_delta_rule_with_aux(
         scale=scale,
         return_states=bool(return_states),
         chunk_size=min(chunk_size, t) if method == "chunk" else chunk_size,
+        platform=platform,
     )
     return o.astype(q.dtype), final, aux
 
@@ -176,8 +213,10 @@ def gated_delta_rule(
 
     method: "recurrent" (``lax.scan``, the reference), "chunk" (WY/UT form, ``chunk_size``; None
     picks the platform default: 32 on CPU, 64 elsewhere),
-    "assoc" (associative scan), "auto" (see ``resolve_gdn_method``), "pallas" (not built yet:
-    raises NotImplementedError). Bad shapes or method raise ValueError / TypeError.
+    "assoc" (associative scan), "auto" (see ``resolve_gdn_method``), "pallas" (the Pallas kernel:
+    Triton on GPU, interpret mode on CPU; ``chunk_size`` in 16..128, a power of two, default 32;
+    gradients via a custom_vjp over the chunked form). Bad shapes or method raise ValueError /
+    TypeError; a call "pallas" cannot run raises ValueError naming why.
     """
     o, final, _ = gated_delta_rule_with_aux(
         q,
