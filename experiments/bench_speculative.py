@@ -115,15 +115,27 @@ def sweep(config, params, prompts, proposers, commits, ks, max_new, repeats, dra
         outputs[cfg] = (tokens, stats)
         compile_s[cfg] = sum(s.get("compile_s", 0.0) for s in stats)
     logging.info("compiled %d configurations in %.1f s", len(configs), time.perf_counter() - t0)
-    timings = {cfg: [] for cfg in configs}
+    # The prefill part (prompt forward, first token, MTP catch-up and first drafts) does not
+    # depend on the commit strategy: per (proposer, k) the same program with max_new_tokens=1
+    # (its loop runs no step) is timed in the same round-robin; decode time = run − prefill.
+    prefill_cfgs = {}
+    for cfg in configs:
+        prefill_cfgs.setdefault(cfg[:2], cfg)
+    for cfg in prefill_cfgs.values():
+        run_config(config, params, prompts, spec_of(*cfg), 1)  # compile
+    timings = {cfg: [] for cfg in configs}  # per repeat: device seconds over the prompts
+    prefill_times = {key: [] for key in prefill_cfgs}
     with analysis.CompileCounter() as counter:
         for _ in range(repeats):
             for cfg in configs:
                 tokens, seconds, _ = run_config(config, params, prompts, spec_of(*cfg), max_new)
                 if tokens != outputs[cfg][0]:
                     raise RuntimeError(f"{cfg}: tokens changed between runs (nondeterminism)")
-                timings[cfg].append(sum(len(t) for t in tokens) / seconds)
-    return configs, outputs, timings, compile_s, counter.count
+                timings[cfg].append(seconds)
+            for key, cfg in prefill_cfgs.items():
+                prefill_times[key].append(run_config(config, params, prompts, spec_of(*cfg), 1)[1])
+    prefill = {key: statistics.median(v) for key, v in prefill_times.items()}
+    return configs, outputs, timings, compile_s, prefill, counter.count
 
 
 def peer_comparison(mode: str, k: int, max_new: int, repeats: int) -> dict | None:
@@ -227,11 +239,21 @@ def main(argv):
             config, params, prompts[0], k, proposers=proposers, commits=FLAGS.commits,
             draft=draft, iters=piece_iters,
         )  # fmt: skip
-    configs, outputs, timings, compile_s, recompiles = sweep(
+    configs, outputs, timings, compile_s, prefill, recompiles = sweep(
         config, params, prompts, proposers, FLAGS.commits, ks, max_new, repeats, draft
     )
     plain_cfg = ("none", 0, None)
-    plain_tps = statistics.median(timings[plain_cfg])
+
+    def medians(cfg):
+        """(end-to-end tok/s, decode tok/s); decode is NaN when prefill is ≥ 80 % of the run
+        (too little generation to tell the loop's time apart from noise)."""
+        seconds = statistics.median(timings[cfg])
+        total = sum(len(t) for t in outputs[cfg][0])
+        decode_s = seconds - prefill[cfg[:2]]
+        ok = decode_s > 0.2 * seconds
+        return total / seconds, (total - len(prompts)) / decode_s if ok else float("nan")
+
+    plain_tps, plain_decode_tps = medians(plain_cfg)
     plain_tokens = outputs[plain_cfg][0]
     t_step = statistics.median(pieces[k]["step"] for k in ks)
 
@@ -241,24 +263,28 @@ def main(argv):
         pc = pieces[k]
         tokens, stats = outputs[cfg]
         tau, pos = pooled_acceptance(stats, k)
-        tps = statistics.median(timings[cfg])
+        tps, decode_tps = medians(cfg)
         t_draft = pc.get(f"draft_{proposer}", 0.0)
         ideal = analysis.ideal_speedup(tau, pc["step"], pc["verify"], t_draft)
         speedup = tps / plain_tps
+        decode_speedup = decode_tps / plain_decode_tps
         rows.append(
             dict(
                 proposer=proposer,
                 num_draft=k,
                 commit=commit,
                 tokens_per_s=tps,
+                decode_tokens_per_s=decode_tps,
                 speedup=speedup,
+                decode_speedup=decode_speedup,
+                prefill_s=prefill[cfg[:2]],
                 tau=tau,
                 position_acceptance=pos,
                 verify_over_step=pc["verify"] / pc["step"],
                 draft_over_step=t_draft / pc["step"],
                 commit_over_verify=pc[f"commit_{commit}"] / pc["verify"],
                 ideal=ideal,
-                efficiency=speedup / ideal,
+                efficiency=decode_speedup / ideal,
                 same_as_greedy=tokens == plain_tokens,
                 compile_s=compile_s[cfg],
             )
@@ -297,16 +323,26 @@ def main(argv):
         f"physics: [t, {config.hidden_size}] MLP-shaped matmul pair, cost relative to t=1: "
         + ", ".join(f"t={t} {mm[t] / mm[1]:.2f}x" for t in mm_rows)
     )
-    print(f"\nplain greedy: {plain_tps:.1f} tok/s (median of {repeats})")
     print(
-        f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'tau':>5} "
+        f"\nplain greedy: {plain_decode_tps:.1f} tok/s decode, {plain_tps:.1f} tok/s end to end "
+        f"(prefill {prefill[plain_cfg[:2]] * 1e3:.1f} ms over the prompts; median of {repeats})"
+    )
+    print(
+        "speedup: end-to-end tok/s ÷ plain's; decode: the same with each program's prefill "
+        "part removed;\nefficiency = decode speedup ÷ ideal (the ideal has no prefill in it)"
+    )
+    print(
+        f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'decode':>6} "
+        f"{'tau':>5} "
         f"{'ideal':>6} {'effic':>6} {'v/step':>6} {'c/v':>5}  same  per-position acceptance"
     )
     for r in rows:
         acc = " ".join(f"{x:.2f}" for x in r["position_acceptance"])
         print(
-            f"{r['proposer']:<8} {r['num_draft']:>2} {r['commit']:<7} {r['tokens_per_s']:>8.1f} "
-            f"{r['speedup']:>8.2f} {r['tau']:>5.2f} {r['ideal']:>6.2f} {r['efficiency']:>6.2f} "
+            f"{r['proposer']:<8} {r['num_draft']:>2} {r['commit']:<7} "
+            f"{r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f} "
+            f"{r['decode_speedup']:>6.2f} "
+            f"{r['tau']:>5.2f} {r['ideal']:>6.2f} {r['efficiency']:>6.2f} "
             f"{r['verify_over_step']:>6.2f} {r['commit_over_verify']:>5.2f}  "
             f"{str(r['same_as_greedy']):<5} {acc}"
         )
@@ -362,6 +398,11 @@ def main(argv):
             "recompiles": recompiles,
             "best": best,
             "plain_tokens_per_s": plain_tps,
+            "plain_decode_tokens_per_s": plain_decode_tps,
+            "definitions": "speedup: end-to-end tokens/s (device time of generate, prefill "
+            "included, compile excluded) over plain greedy's; decode_speedup: the same with each "
+            "program's prefill part (the program at max_new_tokens=1) subtracted; efficiency = "
+            "decode_speedup / ideal, ideal = tau * t_step / (t_verify + t_draft)",
             "t_step_s": t_step,
             "sweep": rows,
             "pieces": {str(k): v for k, v in pieces.items()},

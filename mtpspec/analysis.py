@@ -254,6 +254,23 @@ def matmul_row_scaling(
     return best
 
 
+def prefill_seconds(
+    config: ModelConfig, params, prompt: Sequence[int], spec, *, max_new: int, repeats: int = 5
+) -> float:
+    """Median seconds of the prefill part of ``generate``'s program for one prompt at batch 1 (the
+    very ``_prefill`` the jitted program runs before its loop: the prompt forward, the first
+    token, and for MTP the head's catch-up and first drafts). Subtracting it from ``run_s`` gives
+    the decode-loop time, the part speculation changes."""
+    from mtpspec.decoding import loop
+
+    static, arrays = loop._prepare(
+        config, params, [list(prompt)], max_new, spec, 0.0, 0, 1.0, None, None, None
+    )
+    dparams = spec.draft_params if static.draft_config is not None else None
+    args = (params, dparams, *(jnp.asarray(a) for a in arrays), jax.random.key(0))
+    return median_seconds(lambda *a: loop._prefill_jit(static, *a), *args, repeats=repeats)
+
+
 def ideal_speedup(tau: float, t_step: float, t_verify: float, t_draft: float) -> float:
     """τ · t_step / (t_verify + t_draft): the speed-up if commit, bookkeeping and loop were free."""
     return tau * t_step / (t_verify + t_draft)
@@ -296,7 +313,8 @@ def plot_sweep(rows: Sequence[dict], alpha: dict[str, float], path: str, *, titl
     (1 − α^{k+1}) / (1 − α) and the ideal speed-up it implies with the measured costs.
 
     ``rows``: sweep rows with keys proposer, num_draft, commit, speedup, tau, ideal,
-    verify_over_step, draft_over_step. Writes a PNG to ``path`` and returns the figure."""
+    verify_over_step, draft_over_step (and optionally decode_speedup). Writes a PNG to ``path``
+    and returns the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -313,7 +331,11 @@ def plot_sweep(rows: Sequence[dict], alpha: dict[str, float], path: str, *, titl
                     best[k] = r
         ks = sorted(best)
         c = colors.get(proposer, None)
-        ax_s.plot(ks, [best[k]["speedup"] for k in ks], "o-", color=c, label=f"{proposer} measured")
+        ax_s.plot(ks, [best[k]["speedup"] for k in ks], "o-", color=c,
+                  label=f"{proposer} measured (end to end)")  # fmt: skip
+        if all("decode_speedup" in best[k] for k in ks):
+            ax_s.plot(ks, [best[k]["decode_speedup"] for k in ks], "^-", color=c, alpha=0.7,
+                      label=f"{proposer} measured (decode only)")  # fmt: skip
         ax_s.plot(ks, [best[k]["ideal"] for k in ks], "s--", color=c, alpha=0.6,
                   label=f"{proposer} ideal (measured τ, costs)")  # fmt: skip
         ax_t.plot(ks, [best[k]["tau"] for k in ks], "o-", color=c, label=f"{proposer} measured τ")

@@ -91,4 +91,8 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
     # "states" keeps every per-position GDN state: strictly more commit data than "replay"
     assert pieces["commit_data_bytes_states"] > pieces["commit_data_bytes_replay"] > 0
     for r in result["sweep"]:
-        assert r["efficiency"] == pytest.approx(r["speedup"] / r["ideal"])
+        assert r["speedup"] > 0 and r["ideal"] > 0
+        if np.isfinite(r["decode_speedup"]):
+            assert r["efficiency"] == pytest.approx(r["decode_speedup"] / r["ideal"])
+        else:  # flagged: prefill dominated this tiny run, so decode speed is not resolvable
+            assert np.isnan(r["efficiency"])
