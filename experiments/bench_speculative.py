@@ -36,6 +36,7 @@ from absl import app, flags, logging
 
 import mtpspec
 from mtpspec import analysis, checkpoints
+from mtpspec.decoding.loop import BUCKET
 from mtpspec.training.data import ByteTokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -233,11 +234,19 @@ def main(argv):
         f"{len(prompts)} prompts × {max_new} tokens, batch 1, {repeats} round-robin repeats"
     )
 
+    # Spin the CPU for ~2 s first: on these shared machines the same program ran up to 2x slower
+    # during its first second (frequency / neighbour effects), which would bias the first pieces.
+    t_end = time.perf_counter() + 2.0
+    while time.perf_counter() < t_end:
+        run_config(config, params, prompts[:1], None, 16)
     pieces = {}
+    longest = max(len(p) for p in prompts)
     for k in ks:
+        # the same KV capacity as generate's (every step attends over all slots, masked)
+        capacity = -(-longest // BUCKET) * BUCKET + -(-max_new // BUCKET) * BUCKET + k + 1
         pieces[k] = analysis.piece_costs(
             config, params, prompts[0], k, proposers=proposers, commits=FLAGS.commits,
-            draft=draft, iters=piece_iters,
+            draft=draft, iters=piece_iters, capacity=capacity,
         )  # fmt: skip
     configs, outputs, timings, compile_s, prefill, recompiles = sweep(
         config, params, prompts, proposers, FLAGS.commits, ks, max_new, repeats, draft

@@ -85,17 +85,43 @@ def _tree_bytes(tree) -> int:
     return int(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def loop_seconds(body: Callable, consts, carry, *, iters: int = 64, repeats: int = 5) -> float:
-    """Seconds per iteration of ``carry = body(consts, carry)`` run ``iters`` times inside one
-    jitted ``lax.fori_loop`` (median over ``repeats`` calls). ``consts`` (weights, saved window
-    data) are arguments of the jitted function, never baked-in constants.
+def loop_job(body: Callable, consts, carry, *, iters: int = 64) -> Callable[[], None]:
+    """A zero-argument callable running ``carry = body(consts, carry)`` ``iters`` times inside one
+    jitted ``lax.fori_loop`` (compiled and run once here), blocking until done.
 
     This is how the generate loop pays for a piece: on device, without a Python dispatch per call
-    (which alone costs more than a whole step of a small model on CPU). ``body`` must make the
-    next iteration's inputs depend on this one's outputs, so that XLA can neither hoist the work
-    out of the loop nor drop it as dead."""
+    (which alone costs more than a whole step of a small model on CPU). ``consts`` (weights, saved
+    window data) are arguments, never baked-in constants. ``body`` must make the next iteration's
+    inputs depend on this one's outputs, so that XLA can neither hoist the work out of the loop
+    nor drop it as dead."""
     run = jax.jit(lambda x, c: jax.lax.fori_loop(0, iters, lambda i, c: body(x, c), c))
-    return median_seconds(run, consts, carry, repeats=repeats, warmup=1) / iters
+    jax.block_until_ready(run(consts, carry))
+
+    def call():
+        jax.block_until_ready(run(consts, carry))
+
+    return call
+
+
+def interleaved_medians(jobs: dict[str, Callable[[], None]], *, repeats: int = 7) -> dict:
+    """Median wall seconds of each zero-argument job, timed round-robin (every repeat runs every
+    job once), so slow phases of a shared machine (we saw the same program drift between 1.4 and
+    0.7 ms per call within one second) hit all jobs alike instead of whichever ran then."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            t0 = time.perf_counter()
+            job()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def loop_seconds(body: Callable, consts, carry, *, iters: int = 64, repeats: int = 5) -> float:
+    """Seconds per iteration of ``body`` in a jitted loop (``loop_job``), median of ``repeats``."""
+    job = loop_job(body, consts, carry, iters=iters)
+    return interleaved_medians({"job": job}, repeats=repeats)["job"] / iters
 
 
 def _pin(new: DecodeState, old: DecodeState) -> DecodeState:
@@ -115,10 +141,12 @@ def piece_costs(
     verify_method: str = "auto",
     draft: tuple[ModelConfig, dict] | None = None,
     iters: int = 64,
-    repeats: int = 5,
+    repeats: int = 9,
+    capacity: int | None = None,
 ) -> dict:
     """Cost of each piece of one speculative step, on the post-prefill state of ``prompt``, each
-    timed in its own jitted on-device loop (``loop_seconds``), as generate's loop runs it.
+    timed in its own jitted on-device loop (``loop_job``), as generate's loop runs it, all pieces
+    round-robin (``interleaved_medians``).
 
     Returns seconds per call: ``step`` (1-token target step), ``verify`` ((k+1)-token window, GDN
     form ``verify_method``), ``commit_<strategy>`` (committing 1 + k//2 of the k+1 positions),
@@ -127,7 +155,8 @@ def piece_costs(
     DecodeState), ``commit_data_bytes_<strategy>`` (what the verify window keeps for the commit;
     "states" also keeps every per-position GDN state), ``step_temp_bytes_<strategy>`` (XLA's temp
     buffer of verify + commit, ``compiled.memory_analysis()``; None where the backend can't say).
-    """
+    ``capacity``: KV-cache slots per sequence; pass generate's (every step attends over all of
+    them, masked), or the pieces are timed on a cheaper state than the loop runs on."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     if not prompt:
@@ -135,7 +164,7 @@ def piece_costs(
     tokens = jnp.asarray([list(prompt)], jnp.int32)
     b, p = tokens.shape
     vocab = config.vocab_size
-    capacity = p + 2 * (k + 1) + 16
+    capacity = capacity or p + 2 * (k + 1) + 16
     state0 = init_decode_state(config, b, capacity)
     out = jax.jit(lambda prm, s, t: window_step_impl(config, prm, s, t, jnp.full((b,), p), "auto"))(
         params, state0, tokens
@@ -154,15 +183,15 @@ def piece_costs(
         o = window_step_impl(config, prm, s, t, one, "auto")
         return _pin(o.state, s), next_tokens(o.logits, t)
 
-    timing = dict(iters=iters, repeats=repeats)
-    res["step"] = loop_seconds(step_body, params, (state, window[:, :1]), **timing)
+    jobs: dict[str, Callable[[], None]] = {}
+    jobs["step"] = loop_job(step_body, params, (state, window[:, :1]), iters=iters)
 
     def verify_body(prm, c):
         s, t = c
         o = window_step_impl(config, prm, s, t, full, verify_method)
         return _pin(o.state, s), next_tokens(o.logits, t)
 
-    res["verify"] = loop_seconds(verify_body, params, (state, window), **timing)
+    jobs["verify"] = loop_job(verify_body, params, (state, window), iters=iters)
     res["state_bytes"] = _tree_bytes(state)
     n = jnp.full((b,), 1 + k // 2, jnp.int32)
     for strategy in commits:
@@ -177,7 +206,7 @@ def piece_costs(
         def commit_body(v, c, st=strategy):
             return _pin(commit_window(c, v.state, v.commit, n, st), c)
 
-        res[f"commit_{strategy}"] = loop_seconds(commit_body, verified, state, **timing)
+        jobs[f"commit_{strategy}"] = loop_job(commit_body, verified, state, iters=iters)
 
         def verify_commit(prm, s, t, n, st=strategy, keep=keep):
             v = window_step_impl(config, prm, s, t, full, verify_method, keep)
@@ -198,7 +227,7 @@ def piece_costs(
             drafts, _, s2 = mtp_catch_up_and_draft(config, prm, s, h, t, full, k, greedy)
             return _pin(s2, s), jnp.concatenate([t[:, :1], drafts], axis=1)
 
-        res["draft_mtp"] = loop_seconds(mtp_body, (params, hid), (state, window), **timing)
+        jobs["draft_mtp"] = loop_job(mtp_body, (params, hid), (state, window), iters=iters)
     if "ngram" in proposers:
         hist = jnp.zeros((b, capacity + 1), jnp.int32).at[:, :p].set(tokens)
         hist_len = jnp.full((b,), p, jnp.int32)
@@ -207,7 +236,7 @@ def piece_costs(
             d = ngram_propose(h, n_len, k, 1, 3)
             return h.at[:, p - 1].set(d[:, 0])  # the next lookup depends on this one
 
-        res["draft_ngram"] = loop_seconds(ngram_body, hist_len, hist, **timing)
+        jobs["draft_ngram"] = loop_job(ngram_body, hist_len, hist, iters=iters)
     if "draft" in proposers and draft is not None:
         dconfig, dparams = draft
         dstate = init_decode_state(dconfig, b, capacity)
@@ -221,7 +250,9 @@ def piece_costs(
             d, _, s2, _ = draft_model_propose(dconfig, prm, s, t, active, k, greedy, False)
             return _pin(s2, s), d[:, -1]
 
-        res["draft_draft"] = loop_seconds(draft_body, dparams, (dstate, tokens[:, -1]), **timing)
+        jobs["draft_draft"] = loop_job(draft_body, dparams, (dstate, tokens[:, -1]), iters=iters)
+    # every piece is timed round-robin with the others (see interleaved_medians)
+    res.update({k: v / iters for k, v in interleaved_medians(jobs, repeats=repeats).items()})
     return res
 
 
