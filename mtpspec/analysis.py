@@ -118,12 +118,6 @@ def interleaved_medians(jobs: dict[str, Callable[[], None]], *, repeats: int = 7
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def loop_seconds(body: Callable, consts, carry, *, iters: int = 64, repeats: int = 5) -> float:
-    """Seconds per iteration of ``body`` in a jitted loop (``loop_job``), median of ``repeats``."""
-    job = loop_job(body, consts, carry, iters=iters)
-    return interleaved_medians({"job": job}, repeats=repeats)["job"] / iters
-
-
 def _pin(new: DecodeState, old: DecodeState) -> DecodeState:
     """``new`` with the lengths of ``old``: every cache write stays live (it is carried), but the
     loop keeps writing the same rows, so N iterations need no extra capacity."""
@@ -194,13 +188,13 @@ def piece_costs(
     jobs["verify"] = loop_job(verify_body, params, (state, window), iters=iters)
     res["state_bytes"] = _tree_bytes(state)
     n = jnp.full((b,), 1 + k // 2, jnp.int32)
+    verify_keep = jax.jit(
+        lambda prm, s, t, keep: window_step_impl(config, prm, s, t, full, verify_method, keep),
+        static_argnums=3,
+    )  # one compile per value of keep (only "states" keeps per-position states)
     for strategy in commits:
         keep = strategy == "states"
-        verified = jax.jit(
-            lambda prm, s, t, keep=keep: window_step_impl(
-                config, prm, s, t, full, verify_method, keep
-            )
-        )(params, state, window)
+        verified = verify_keep(params, state, window, keep)
         res[f"commit_data_bytes_{strategy}"] = _tree_bytes(verified.commit)
 
         def commit_body(v, c, st=strategy):
@@ -283,23 +277,6 @@ def matmul_row_scaling(
             jax.block_until_ready(run((w1, w2), x))
             best[t] = min(best[t], (time.perf_counter() - t0) / iters)
     return best
-
-
-def prefill_seconds(
-    config: ModelConfig, params, prompt: Sequence[int], spec, *, max_new: int, repeats: int = 5
-) -> float:
-    """Median seconds of the prefill part of ``generate``'s program for one prompt at batch 1 (the
-    very ``_prefill`` the jitted program runs before its loop: the prompt forward, the first
-    token, and for MTP the head's catch-up and first drafts). Subtracting it from ``run_s`` gives
-    the decode-loop time, the part speculation changes."""
-    from mtpspec.decoding import loop
-
-    static, arrays = loop._prepare(
-        config, params, [list(prompt)], max_new, spec, 0.0, 0, 1.0, None, None, None
-    )
-    dparams = spec.draft_params if static.draft_config is not None else None
-    args = (params, dparams, *(jnp.asarray(a) for a in arrays), jax.random.key(0))
-    return median_seconds(lambda *a: loop._prefill_jit(static, *a), *args, repeats=repeats)
 
 
 def ideal_speedup(tau: float, t_step: float, t_verify: float, t_draft: float) -> float:
