@@ -3,6 +3,7 @@
     python -m experiments.generate --prompt="def fib(n):" --proposer=mtp --num_draft=3
     python -m experiments.generate --checkpoint=tests/fixtures/hf/qwen3_next --prompt_ids=1,2,3
     python -m experiments.generate --demo            # what `make demo` runs
+    python -m experiments.generate --demo --mesh=2x4 # sharded (see experiments/mesh_flags.py)
 
 --checkpoint is an mtpspec checkpoint (``checkpoints.save_params``: config.json + params/) or an HF
 directory (config.json + safetensors). Text goes through the byte tokenizer when the vocabulary is
@@ -18,6 +19,7 @@ import pathlib
 from absl import app, flags
 
 import mtpspec
+from experiments import mesh_flags
 from mtpspec import checkpoints
 from mtpspec.training.data import ByteTokenizer, HFTokenizer
 
@@ -72,13 +74,13 @@ def run(config, params, prompts, proposer, k, commit, **kw):
     }
 
 
-def demo():
-    config, params = checkpoints.load(FLAGS.checkpoint)
+def demo(mesh=None):
+    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
     tok = tokenizer_for(config, FLAGS.checkpoint)
     spec_file = json.loads((ASSETS / "demo_prompts.json").read_text())
     texts = [p["text"] for p in spec_file["prompts"]]
     prompts = [tok.encode(t) for t in texts]
-    kw = dict(max_new_tokens=FLAGS.max_new_tokens)
+    kw = dict(max_new_tokens=FLAGS.max_new_tokens, mesh=mesh)
     print(
         f"model: {FLAGS.checkpoint} ({config.num_layers} layers, H={config.hidden_size}, "
         f"byte vocabulary); {len(prompts)} held-out prompts, {kw['max_new_tokens']} new tokens each"
@@ -109,8 +111,8 @@ def demo():
     return rows
 
 
-def single():
-    config, params = checkpoints.load(FLAGS.checkpoint)
+def single(mesh=None):
+    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
     if FLAGS.prompt_ids:
         prompt, tok = [int(x) for x in FLAGS.prompt_ids], None
     else:
@@ -125,6 +127,7 @@ def single():
         config, params, [prompt], max_new_tokens=FLAGS.max_new_tokens,
         speculative=spec_config(FLAGS.proposer, FLAGS.num_draft, FLAGS.commit),
         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed,
+        mesh=mesh,
     )  # fmt: skip
     out = result.tokens[0]
     print(tok.decode(out) if tok else out)
@@ -137,7 +140,8 @@ def single():
 
 def main(argv):
     del argv
-    rows = demo() if FLAGS.demo else single()
+    mesh = mesh_flags.setup_mesh()
+    rows = demo(mesh) if FLAGS.demo else single(mesh)
     if FLAGS.json_out:
         with open(FLAGS.json_out, "w") as f:
             json.dump(rows, f, indent=2)

@@ -3,6 +3,7 @@
     python -m experiments.train --workdir=/tmp/run --steps=2000          # the default model's shape
     python -m experiments.train --workdir=/tmp/run --steps=2000          # again: resumes
     python -m experiments.train --workdir=/tmp/run2 --preset=tiny --steps=20 --save_every=5
+    python -m experiments.train --workdir=/tmp/run3 --mesh=2x4   # sharded; see mesh_flags.py
 
 The final params land in WORKDIR/final (``mtpspec.checkpoints.restore_params``); per-step losses in
 WORKDIR/metrics.jsonl. Kill it at any point (even SIGKILL) and start the same command again: it
@@ -16,6 +17,7 @@ import pathlib
 
 from absl import app, flags
 
+from experiments import mesh_flags
 from mtpspec import config as C
 from mtpspec.training import TrainConfig, load_corpus, train
 
@@ -77,7 +79,10 @@ def main(argv):
     corpus = load_corpus(FLAGS.manifest, root=root)
     print(f"model: {dataclasses.asdict(model)}")
     print(f"corpus: {len(corpus.train):,} train bytes, {len(corpus.eval):,} held-out bytes")
-    _, metrics = train(model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step)
+    mesh = mesh_flags.setup_mesh()
+    _, metrics = train(
+        model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step, mesh=mesh
+    )
     print(f"final held-out: {metrics}")
 
 

@@ -6,11 +6,12 @@ Table of contents:
   mtpspec.models       parameters, layers, decoder + MTP head, decode state, prefill/step/window
   mtpspec.checkpoints  load_hf (HF safetensors, both families, mtp.*), orbax save/restore
   mtpspec.decoding     generate / generate_stream, SpecConfig, commit strategies, proposers
+  mtpspec.sharding     (data, model) mesh rules for params and decode state, memory estimates
 
   mtpspec.generate, mtpspec.SpecConfig   the main entry points (see DESIGN.md)
 """
 
-from mtpspec import checkpoints, config, decoding, models, ops
+from mtpspec import checkpoints, config, decoding, models, ops, sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import GenerateResult, SpecConfig, generate, generate_stream
 
@@ -25,5 +26,6 @@ __all__ = [
     "generate_stream",
     "models",
     "ops",
+    "sharding",
 ]
 __version__ = "0.1.0"

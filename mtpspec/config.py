@@ -289,3 +289,61 @@ def default_model(**overrides) -> ModelConfig:
         tie_word_embeddings=True,
     )
     return dataclasses.replace(base, **overrides)
+
+
+# ---- published shapes (for memory estimates and sharding rules; weights come from load_hf) ----
+
+
+def qwen3_next_80b_a3b(**overrides) -> ModelConfig:
+    """The shape of Qwen3-Next-80B-A3B (its published config.json): 48 layers, full attention
+    every 4th, 512 experts (10 routed + 1 shared), one MTP layer, bf16."""
+    base = ModelConfig(
+        family="qwen3_next",
+        vocab_size=151936,
+        hidden_size=2048,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(48)),
+        mlp_types=("moe",) * 48,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        rope_theta=10_000_000.0,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        intermediate_size=5120,
+        num_experts=512,
+        num_experts_per_tok=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        mtp_mlp_type="moe",
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def qwen3_5_27b(**overrides) -> ModelConfig:
+    """The shape of the dense hybrid Qwen3.5-27B (its published text_config): 64 layers, full
+    attention every 4th, 24 query / 4 KV heads, 16 / 48 GDN heads, one MTP layer, bf16."""
+    base = ModelConfig(
+        family="qwen3_5",
+        vocab_size=248320,
+        hidden_size=5120,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(64)),
+        mlp_types=("dense",) * 64,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        head_dim=256,
+        rope_theta=10_000_000.0,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=48,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        intermediate_size=17408,
+        tie_word_embeddings=False,
+        dtype="bfloat16",
+    )
+    return dataclasses.replace(base, **overrides)

@@ -10,7 +10,17 @@ from __future__ import annotations
 import os
 import pathlib
 
-import jax
+# LLVM -O0 for the suite's XLA CPU programs: compiles take about half as long, and every
+# comparison here is program against oracle, both IEEE float (XLA CPU does not enable fast-math
+# by default), so the optimisation level changes no verdict. Set before the backend starts;
+# subprocesses (the 8-device suite, notebooks, the mini bench) inherit it. Opt out by setting
+# any --xla_backend_optimization_level in XLA_FLAGS yourself.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+    ).strip()
+
+import jax  # noqa: E402
 
 _CACHE = pathlib.Path(
     os.environ.get("MTPSPEC_TEST_JAX_CACHE", pathlib.Path(__file__).parent.parent / ".jax_cache")
@@ -18,3 +28,7 @@ _CACHE = pathlib.Path(
 jax.config.update("jax_compilation_cache_dir", str(_CACHE))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The 8-device sharding tests run in their own process (tests/test_sharding.py starts it with
+# MTPSPEC_MULTIDEVICE=1 and 8 simulated CPU devices); the main session does not collect them.
+collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multidevice"]

@@ -274,7 +274,7 @@ def _bad_calls(config, params):
         (dict(ok, capacity=2), ValueError, "capacity"),
         (dict(ok, speculative="mtp"), TypeError, "SpecConfig"),
         (dict(ok, speculative=spec(proposer="draft")), ValueError, "needs draft_config"),
-        (dict(ok, mesh=object()), NotImplementedError, "mesh"),
+        (dict(ok, mesh=object()), TypeError, "jax.sharding.Mesh"),
     ]
 
 

@@ -8,15 +8,16 @@ from mtpspec.checkpoints.orbax_io import restore_params, save_params
 __all__ = ["hf_config_dict", "load_hf", "restore_params", "save_hf", "save_params"]
 
 
-def load(path):
+def load(path, *, mesh=None):
     """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
-    (config.json + safetensors, loaded as float32). Returns (config, params)."""
+    (config.json + safetensors, loaded as float32). Returns (config, params); with ``mesh`` the
+    params are placed shard by shard by the ``mtpspec.sharding`` rules."""
     import pathlib
 
     path = pathlib.Path(path)
     if (path / "params").is_dir():
-        return restore_params(path)
-    return load_hf(path, dtype="float32")
+        return restore_params(path, mesh=mesh)
+    return load_hf(path, dtype="float32", mesh=mesh)
 
 
 __all__ += ["load"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
+from mtpspec import sharding
 from mtpspec.config import FULL, ModelConfig, from_hf_config
 from mtpspec.models.params import param_shapes
 
@@ -393,8 +395,14 @@ def load_hf(
     *,
     dtype: str | None = None,
     allow_missing_mtp: bool = False,
+    mesh=None,
 ) -> tuple[ModelConfig, dict]:
     """Load an HF checkpoint directory -> (config, params) in the canonical layout.
+
+    ``mesh`` (a (data, model) ``jax.sharding.Mesh``): each tensor, once converted, goes straight
+    to its devices by the ``mtpspec.sharding`` rules, one device shard at a time (host memory
+    holds one converted tensor at a time; on a multi-host mesh each process places only its own
+    shards).
 
     ``dtype`` ("float32" | "bfloat16") overrides the config's dtype; the returned config carries
     the dtype the params were cast to. See the module docstring for ignored tensors and MTP.
@@ -427,6 +435,9 @@ def load_hf(
             )
         config = dataclasses.replace(config, mtp_num_layers=0)
 
+    shardings = None
+    if mesh is not None:
+        shardings = sharding.param_shardings(config, mesh)
     specs = _model_specs(config, prefix, names)
     needed = [n for s in specs for n in s.names]
     missing = [n for n in needed if n not in names]
@@ -462,6 +473,10 @@ def load_hf(
             outs = s.fn(*(read(n) for n in s.names))
             for out_path, value in zip(s.outs, outs, strict=True):
                 value = np.ascontiguousarray(value).astype(out_dtype)
-                _set(params, out_path, jnp.asarray(value))
+                if shardings is None:
+                    _set(params, out_path, jnp.asarray(value))
+                else:
+                    leaf = functools.reduce(lambda t, k: t[k], out_path, shardings)
+                    _set(params, out_path, sharding.place_host_array(value, leaf))
     _check_tree(params, config)
     return config, params

@@ -19,6 +19,7 @@ import shutil
 import jax
 import orbax.checkpoint as ocp
 
+from mtpspec import sharding as mtp_sharding
 from mtpspec.checkpoints.hf import _check_tree
 from mtpspec.config import ModelConfig
 
@@ -52,8 +53,10 @@ def save_params(
         ckptr.save(os.path.join(path, PARAMS_DIR), params)
 
 
-def restore_params(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
-    """Read back what ``save_params`` wrote: (config, params)."""
+def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, dict]:
+    """Read back what ``save_params`` wrote: (config, params). With ``mesh`` (a (data, model)
+    Mesh), every leaf is restored straight into its ``mtpspec.sharding`` layout (orbax reads
+    each device's shard; nothing is gathered on one device)."""
     path = os.path.abspath(os.fspath(path))
     cfg_file = os.path.join(path, CONFIG_FILE)
     params_dir = os.path.join(path, PARAMS_DIR)
@@ -66,11 +69,19 @@ def restore_params(path: str | os.PathLike) -> tuple[ModelConfig, dict]:
             config = _config_from_dict(json.load(f))
         except json.JSONDecodeError as e:
             raise ValueError(f"saved config {cfg_file} is not valid JSON: {e}") from e
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with ocp.StandardCheckpointer() as ckptr:
         meta = ckptr.metadata(params_dir).item_metadata.tree
+        if mesh is None:
+            one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            shardings = jax.tree.map(lambda _: one, meta)
+        else:
+            shardings = mtp_sharding.param_shardings(config, mesh)
+            if jax.tree.structure(shardings) != jax.tree.structure(meta):
+                raise ValueError(f"saved params at {params_dir} do not match the saved config")
         target = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sharding), meta
+            lambda m, sh: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sh),
+            meta,
+            shardings,
         )
         params = ckptr.restore(params_dir, target)
     _check_tree(params, config)

@@ -23,7 +23,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from mtpspec import sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import sampling
 from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window
@@ -31,6 +34,7 @@ from mtpspec.decoding.proposers import draft_model_propose, mtp_catch_up_and_dra
 from mtpspec.decoding.sampling import check_sampling_args, draft_probs, select_tokens
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
+from mtpspec.sharding import DATA
 
 PROPOSERS = ("mtp", "ngram", "draft")
 VERIFY_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
@@ -118,6 +122,7 @@ class _Static(NamedTuple):
     capacity: int
     out_size: int
     draft_config: ModelConfig | None = None
+    mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
 
 
 class GenerateResult(NamedTuple):
@@ -168,6 +173,29 @@ def _ngram_q(s: _Static, drafts):
     return jax.nn.one_hot(drafts, s.config.vocab_size, dtype=jnp.float32)
 
 
+def _constrain(s: _Static, c: _Carry) -> _Carry:
+    """Under a mesh, pin the carry's layout: decode states by the sharding rules (heads on
+    ``model``, batch on ``data``), every other per-sequence array batch-on-``data``."""
+    if s.mesh is None:
+        return c
+    mesh = s.mesh
+
+    def rows(x):
+        spec = P(DATA, *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+    state = sharding.constrain_state(s.config, c.state, mesh)
+    dstate = c.dstate
+    if dstate is not None:
+        dstate = sharding.constrain_state(s.draft_config, dstate, mesh)
+    batch_fields = {f: rows(getattr(c, f)) for f in ("pending", "drafts", "q", "hist", "out")}
+    batch_fields.update(count=rows(c.count), stop=rows(c.stop))
+    batch_fields["accepts"] = jax.lax.with_sharding_constraint(
+        c.accepts, NamedSharding(mesh, P(None, DATA))
+    )
+    return c._replace(state=state, dstate=dstate, **batch_fields)
+
+
 def _check_capacity(s: _Static, lengths, stop):
     """Stop sequences whose next verify window would not fit (never wrap around)."""
     full = lengths + s.k + 1 > s.capacity
@@ -206,9 +234,10 @@ def _prefill(s: _Static, params, dparams, prompts, lengths, max_new, eos, key) -
     stop = jnp.where(first == eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
     stop = _check_capacity(s, state.lengths, stop)
     accepts = jnp.full((s.out_size, b), -1, jnp.int32)
-    return _Carry(
+    carry = _Carry(
         state, first, drafts, q, dstate, hist, out_buf, count, stop, accepts, jnp.int32(0), key
     )
+    return _constrain(s, carry)
 
 
 def _step(s: _Static, params, dparams, max_new, eos, c: _Carry) -> _Carry:
@@ -284,9 +313,10 @@ def _step(s: _Static, params, dparams, max_new, eos, c: _Carry) -> _Carry:
         drafts = ngram_propose(hist, state.lengths + 1, k, *s.ngram)
         q = _ngram_q(s, drafts)
     accepts = c.accepts.at[c.step].set(jnp.where(active, accepted, -1))
-    return _Carry(
+    carry = _Carry(
         state, pending, drafts, q, dstate, hist, out, count, stop, accepts, c.step + 1, c.key
     )
+    return _constrain(s, carry)
 
 
 def _generate_program(s: _Static, params, dparams, prompts, lengths, max_new, eos, key):
@@ -379,7 +409,10 @@ def _prepare(
             f"eos_id must be None or a token id in [0, {config.vocab_size}), got {eos_id!r}"
         )
     if mesh is not None:
-        raise NotImplementedError("mesh= (sharded decoding) is not implemented yet")
+        mesh = sharding.check_mesh(mesh)
+        sharding.check_param_tree(config, params)
+        if speculative is not None and speculative.proposer == "draft":
+            sharding.check_param_tree(speculative.draft_config, speculative.draft_params)
     k = speculative.num_draft if speculative else 0
     longest = max(len(p) for p in prompts)
     p_pad = _round_up(longest, BUCKET)
@@ -406,13 +439,18 @@ def _prepare(
         capacity=int(capacity),
         out_size=out_size,
         draft_config=speculative.draft_config if k and speculative.proposer == "draft" else None,
+        mesh=mesh,
     )
     b = len(prompts)
+    if mesh is not None:  # pad the batch to a multiple of the data axis with 1-token dummies
+        b = _round_up(b, mesh.shape[DATA])
     tokens = np.zeros((b, p_pad), np.int32)
     for i, p in enumerate(prompts):
         tokens[i, : len(p)] = p
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    max_new = np.full((b,), max_new_tokens, np.int32)
+    lengths = np.ones((b,), np.int32)
+    lengths[: len(prompts)] = [len(p) for p in prompts]
+    max_new = np.ones((b,), np.int32)  # a dummy row stops right after its prefill token
+    max_new[: len(prompts)] = max_new_tokens
     eos = np.int32(-1 if eos_id is None else eos_id)
     return static, (tokens, lengths, max_new, eos)
 
@@ -454,12 +492,11 @@ def generate(
         mesh,
         capacity,
     )
-    b = len(arrays[0])
+    b = len(prompts)
     if max_new_tokens == 0:
         return GenerateResult([[] for _ in range(b)], ["length"] * b, {"steps": [0] * b})
-    key = jax.random.key(int(seed))
     dparams = speculative.draft_params if static.draft_config is not None else None
-    args = (params, dparams, *(jnp.asarray(a) for a in arrays), key)
+    args = _device_args(static, params, dparams, arrays, seed)
     sig = (
         static,
         jax.tree.structure(params),
@@ -473,12 +510,48 @@ def generate(
     t0 = time.perf_counter()
     out, count, stop, accepts, steps = jax.block_until_ready(_COMPILED[sig](*args))
     run_s = time.perf_counter() - t0
-    return _result(static, out, count, stop, accepts, steps, compile_s, run_s)
+    return _result(static, out, count, stop, accepts, steps, compile_s, run_s, b)
 
 
-def _result(static, out, count, stop, accepts, steps, compile_s, run_s) -> GenerateResult:
-    out, count, stop = np.asarray(out), np.asarray(count), np.asarray(stop)
-    accepts = np.asarray(accepts)[: int(steps)]
+def _device_args(static: _Static, params, dparams, arrays, seed: int) -> tuple:
+    """(params, dparams, tokens, lengths, max_new, eos, key) on the device(s): under a mesh the
+    weights are placed by the sharding rules (already-placed leaves are kept) and the
+    per-sequence arrays split on ``data``."""
+    if static.mesh is None:
+        return (params, dparams, *(jnp.asarray(a) for a in arrays), jax.random.key(int(seed)))
+    mesh = static.mesh
+    params = sharding.shard_params(static.config, params, mesh)
+    if dparams is not None:
+        dparams = sharding.shard_params(static.draft_config, dparams, mesh)
+    tokens, lengths, max_new, eos = arrays
+    rows = NamedSharding(mesh, P(DATA))
+    put = sharding.place_host_array
+    return (
+        params,
+        dparams,
+        put(tokens, NamedSharding(mesh, P(DATA, None))),
+        put(lengths, rows),
+        put(max_new, rows),
+        put_replicated(eos, mesh),
+        _replicated_key(seed, mesh),
+    )
+
+
+def _replicated_key(seed: int, mesh) -> jax.Array:
+    """``jax.random.key(seed)`` on every device of ``mesh`` (each process places its own)."""
+    data = np.asarray(jax.random.key_data(jax.random.key(int(seed))))
+    return jax.random.wrap_key_data(put_replicated(data, mesh))
+
+
+def put_replicated(value, mesh) -> jax.Array:
+    return sharding.place_host_array(np.asarray(value), NamedSharding(mesh, P()))
+
+
+def _result(static, out, count, stop, accepts, steps, compile_s, run_s, n) -> GenerateResult:
+    """Host-side results for the first ``n`` rows (the rest are data-axis padding)."""
+    host = sharding.to_host
+    out, count, stop = host(out)[:n], host(count)[:n], host(stop)[:n]
+    accepts = host(accepts)[: int(host(steps)), :n]
     tokens = [out[i, : count[i]].tolist() for i in range(len(count))]
     active = accepts >= 0
     steps_per_seq = active.sum(axis=0)
@@ -512,6 +585,7 @@ def generate_stream(
     top_p: float = 1.0,
     seed: int = 0,
     eos_id: int | None = None,
+    mesh=None,
     capacity: int | None = None,
 ) -> Iterator[list[list[int]]]:
     """Same decoding, one verify step per iteration from Python (for notebooks): yields, per step,
@@ -527,21 +601,23 @@ def generate_stream(
         top_k,
         top_p,
         eos_id,
-        None,
+        mesh,
         capacity,
     )
     if max_new_tokens == 0:
         return
-    tokens, lengths, max_new, eos = (jnp.asarray(a) for a in arrays)
     dparams = speculative.draft_params if static.draft_config is not None else None
-    key = jax.random.key(int(seed))
-    carry = _prefill_jit(static, params, dparams, tokens, lengths, max_new, eos, key)
-    seen = np.zeros(len(arrays[0]), np.int64)
+    args = _device_args(static, params, dparams, arrays, seed)
+    params, dparams, _, _, max_new, eos, _ = args
+    carry = _prefill_jit(static, *args)
+    n = len(prompts)
+    seen = np.zeros(n, np.int64)
     while True:
-        count = np.asarray(carry.count)
-        out = np.asarray(carry.out)
-        yield [out[i, seen[i] : count[i]].tolist() for i in range(len(count))]
+        count = sharding.to_host(carry.count)[:n]
+        out = sharding.to_host(carry.out)[:n]
+        yield [out[i, seen[i] : count[i]].tolist() for i in range(n)]
         seen = count
-        if not (np.asarray(carry.stop) == RUNNING).any() or int(carry.step) >= static.out_size:
+        stop = sharding.to_host(carry.stop)
+        if not (stop == RUNNING).any() or int(sharding.to_host(carry.step)) >= static.out_size:
             return
         carry = _step_jit(static, params, dparams, max_new, eos, carry)

@@ -14,6 +14,7 @@ again with the same arguments continues with the same data order and the same lo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -26,10 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from mtpspec import sharding
 from mtpspec.checkpoints import save_params
 from mtpspec.config import ModelConfig
 from mtpspec.models import decoder, init_params, layers
+from mtpspec.models.params import param_shapes
 from mtpspec.training import data as data_lib
 
 
@@ -101,7 +106,14 @@ def _trainable_mask(params, phase):
     return {k: jax.tree.map(lambda _, k=k: k == "mtp", v) for k, v in params.items()}
 
 
-def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer):
+def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer, *, mesh=None):
+    """jitted (params, opt_state, batch) -> (params, opt_state, metrics). With ``mesh``, the
+    program is compiled for params / optimizer moments placed by ``mtpspec.sharding`` rules and
+    the batch split on ``data`` (inputs are placed so on the way in); metrics come back
+    replicated."""
+    if mesh is not None:
+        mesh = sharding.check_mesh(mesh)
+
     def loss_fn(params, batch):
         parts = losses(config, params, batch, detach_trunk=tc.phase == "mtp_only")
         if tc.phase == "mtp_only":
@@ -110,8 +122,7 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer):
             total = parts["main"] + tc.mtp_weight * parts.get("mtp", 0.0)
         return total, parts
 
-    @jax.jit
-    def train_step(params, opt_state, batch):
+    def step(params, opt_state, batch):
         (total, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         if tc.phase == "mtp_only":  # the trunk stays fixed (no decay either)
@@ -120,12 +131,83 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer):
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": total, **parts}
 
+    if mesh is None:
+        return jax.jit(step)
+    p_sh = sharding.param_shardings(config, mesh)
+    o_sh = opt_state_shardings(config, optimizer, mesh)
+    b_sh = NamedSharding(mesh, P(sharding.DATA, None))
+    jitted = jax.jit(
+        step, in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(mesh, P()))
+    )
+
+    def train_step(params, opt_state, batch):
+        params = sharding.shard_params(config, params, mesh)
+        opt_state = jax.tree.map(sharding.place, opt_state, o_sh)
+        if not isinstance(batch, jax.Array) or batch.sharding != b_sh:
+            batch = _place_batch(batch, mesh)
+        return jitted(params, opt_state, batch)
+
+    train_step.jitted = jitted
     return train_step
 
 
-def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray]) -> dict:
+def opt_state_shardings(config: ModelConfig, optimizer, mesh):
+    """Shardings of ``optimizer.init(params)``: every parameter-shaped moment like its
+    parameter, every other leaf (step counts) replicated."""
+    mesh = sharding.check_mesh(mesh)
+    p_sh = sharding.param_shardings(config, mesh)
+    abstract_params = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s, jnp.dtype(config.dtype)),
+        param_shapes(config),
+        is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(d, int) for d in x),
+    )
+    abstract = jax.eval_shape(optimizer.init, abstract_params)
+    replicated = NamedSharding(mesh, P())
+    return optax.tree_map_params(
+        optimizer,
+        lambda _, sh: sh,
+        abstract,
+        p_sh,
+        transform_non_params=lambda _: replicated,
+    )
+
+
+def init_opt_state(config: ModelConfig, optimizer, params, *, mesh=None):
+    """``optimizer.init(params)``, created directly in its sharded layout under ``mesh``."""
+    if mesh is None:
+        return optimizer.init(params)
+    o_sh = opt_state_shardings(config, optimizer, mesh)
+    params = sharding.shard_params(config, params, mesh)
+    return jax.jit(optimizer.init, out_shardings=o_sh)(params)
+
+
+def _place_batch(batch, mesh) -> jax.Array:
+    """A global [b, t + 1] batch (the same on every process: batches are a pure function of
+    (seed, step)) split on ``data``; each process places only its own devices' rows."""
+    batch = np.asarray(batch)
+    d = mesh.shape[sharding.DATA]
+    if batch.shape[0] % d:
+        raise ValueError(f"batch size {batch.shape[0]} does not divide by the data axis ({d})")
+    return sharding.place_host_array(batch, NamedSharding(mesh, P(sharding.DATA, None)))
+
+
+def host_value(x) -> np.ndarray:
+    """A replicated result as a host array (works on multi-host meshes, where ``np.asarray`` of
+    a not fully addressable array fails)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return np.asarray(x.addressable_data(0))
+    return np.asarray(x)
+
+
+def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, mesh=None) -> dict:
     fn = jax.jit(lambda p, b: losses(config, p, b))
-    parts = [jax.device_get(fn(params, jnp.asarray(b))) for b in batches]
+    if mesh is not None:
+        mesh = sharding.check_mesh(mesh)
+        params = sharding.shard_params(config, params, mesh)
+        put = functools.partial(_place_batch, mesh=mesh)
+    else:
+        put = jnp.asarray
+    parts = [jax.tree.map(host_value, fn(params, put(b))) for b in batches]
     return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
 
 
@@ -145,13 +227,16 @@ def train(
     init: dict | None = None,
     log=print,
     kill_at_step: int | None = None,
+    mesh=None,
 ) -> tuple[dict, dict]:
     """Train (or resume) in ``workdir``; returns (params, last eval metrics).
 
     ``workdir/checkpoints`` holds the orbax checkpoints, ``workdir/metrics.jsonl`` the per-step
     losses, ``workdir/final`` the final params (``checkpoints.restore_params``).
     ``kill_at_step`` (a test hook) SIGKILLs this very process right after that step's metrics line,
-    before any checkpoint of that step: the hardest place to resume from."""
+    before any checkpoint of that step: the hardest place to resume from.
+    ``mesh``: train sharded over a (data, model) mesh (``mtpspec.sharding``); checkpoints are
+    written and restored in that layout (orbax, per shard)."""
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     optimizer = make_optimizer(tc)
@@ -160,7 +245,10 @@ def train(
         params["embed"] = params["embed"] * 0.04  # std 0.02: tied logits start near uniform
     else:
         params = init
-    opt_state = optimizer.init(params)
+    if mesh is not None:
+        mesh = sharding.check_mesh(mesh)
+        params = sharding.shard_params(config, params, mesh)
+    opt_state = init_opt_state(config, optimizer, params, mesh=mesh)
     manager = ocp.CheckpointManager(
         workdir / "checkpoints",
         options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
@@ -178,7 +266,7 @@ def train(
     metrics_path = workdir / "metrics.jsonl"
     kept = _read_metrics(metrics_path, start)
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    train_step = make_train_step(config, tc, optimizer)
+    train_step = make_train_step(config, tc, optimizer, mesh=mesh)
     held = data_lib.eval_batches(
         corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
     )
@@ -189,8 +277,8 @@ def train(
             batch = data_lib.batch_at(
                 corpus.train, step, batch=tc.batch, seq_len=tc.seq_len, seed=tc.seed
             )
-            params, opt_state, m = train_step(params, opt_state, jnp.asarray(batch))
-            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            params, opt_state, m = train_step(params, opt_state, batch)
+            m = {k: float(host_value(v)) for k, v in m.items()}
             tokens_since += tc.batch * tc.seq_len
             metrics.write(json.dumps({"step": step, **m}) + "\n")
             metrics.flush()
@@ -206,7 +294,7 @@ def train(
                     f"main {m['main']:.4f} mtp {m.get('mtp', float('nan')):.4f} {rate:,.0f} tok/s"
                 )
             if step % tc.eval_every == 0 or step == tc.steps:
-                last_eval = evaluate(config, params, held)
+                last_eval = evaluate(config, params, held, mesh=mesh)
                 log(
                     f"  held-out: main {last_eval['main']:.4f} nats/byte, "
                     f"mtp {last_eval.get('mtp', float('nan')):.4f}, "

@@ -1,0 +1,248 @@
+"""Sharded = unsharded, on 8 simulated CPU devices (run by ``tests/test_sharding.py`` in its own
+process with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``; skipped otherwise).
+
+The single-device references run in this same process (device 0 alone, no mesh). Speculative
+greedy runs are compared with single-device *plain* greedy: they must emit exactly those tokens
+(and the single-device speculative run equals it too, checked here for this config).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mtpspec import SpecConfig, generate, sharding
+from mtpspec.checkpoints import load_hf, restore_params, save_hf, save_params
+from mtpspec.config import TWO_LAYERS, tiny_moe
+from mtpspec.decoding import loop
+from mtpspec.models import init_params
+
+train_lib = importlib.import_module("mtpspec.training.train")  # the module, not the function
+
+if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (run through tests/test_sharding.py)", allow_module_level=True)
+
+MESHES = [(1, 8), (2, 4)]
+# Every head / expert / hidden count divides 8, so 1x8 really splits every layer kind (a second
+# config below keeps 2 KV heads and 4 experts, replicated on model, to cover that fallback).
+CONFIG = tiny_moe(
+    **TWO_LAYERS,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=8,
+    linear_num_key_heads=8,
+    linear_num_value_heads=16,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    num_experts=8,
+    intermediate_size=64,
+)
+NEW = 24
+SPECS = {
+    "scan": SpecConfig(proposer="mtp", num_draft=2, commit="scan"),
+    "states": SpecConfig(proposer="mtp", num_draft=2, commit="states"),
+    "replay": SpecConfig(proposer="mtp", num_draft=2, commit="replay"),
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    params = init_params(CONFIG, jax.random.key(3), norm_scale=0.1)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, CONFIG.vocab_size, n).tolist() for n in (7, 12, 3)]
+    return params, prompts
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    params, prompts = model
+    return generate(CONFIG, params, prompts, max_new_tokens=NEW).tokens
+
+
+def test_single_device_speculative_equals_plain(model, reference):
+    params, prompts = model
+    got = generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"])
+    assert got.tokens == reference
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=["1x8", "2x4"])
+@pytest.mark.parametrize("spec", [None, *SPECS], ids=["plain", *SPECS])
+def test_sharded_generation_emits_the_single_device_tokens(model, reference, shape, spec):
+    params, prompts = model
+    mesh = sharding.make_mesh(*shape)
+    got = generate(
+        CONFIG,
+        params,
+        prompts,
+        max_new_tokens=NEW,
+        speculative=SPECS.get(spec),
+        mesh=mesh,
+    )
+    assert got.tokens == reference
+    assert len(got.stats["steps"]) == len(prompts)  # data-axis padding rows are dropped
+    if spec is not None:
+        assert got.stats["tau"] > 1.0
+
+
+def test_explicit_mesh_is_accepted_and_gives_the_same_tokens(model, reference):
+    params, prompts = model
+    mesh = sharding.make_mesh(2, 4, axis_types="explicit")
+    assert all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+    got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
+    assert got.tokens == reference
+    with jax.set_mesh(mesh):  # inside the user's explicit-mesh context as well
+        got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
+    assert got.tokens == reference
+
+
+def test_decode_state_is_sharded_with_its_heads(model):
+    """The carry after prefill: every state leaf has exactly the rule's sharding, and those
+    shardings split KV caches / GDN state on the model axis (this config divides by 4)."""
+    params, prompts = model
+    mesh = sharding.make_mesh(2, 4)
+    static, arrays = loop._prepare(
+        CONFIG, params, prompts, NEW, SPECS["scan"], 0.0, 0, 1.0, None, mesh, None
+    )
+    args = loop._device_args(static, params, None, arrays, 0)
+    for leaf, want in zip(
+        jax.tree.leaves(args[0]),
+        jax.tree.leaves(sharding.param_shardings(CONFIG, mesh)),
+        strict=True,
+    ):
+        assert leaf.sharding == want
+    carry = loop._prefill_jit(static, *args)
+    specs = sharding.state_specs(CONFIG, len(arrays[0]), mesh)
+    for x, spec in zip(
+        jax.tree.leaves(carry.state),
+        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
+        strict=True,
+    ):
+        assert x.sharding.is_equivalent_to(NamedSharding(static.mesh, spec), x.ndim), (spec,)
+    kv = carry.state.layers[1].k
+    assert kv.addressable_shards[0].data.shape == (2, kv.shape[1], 8 // 4, 8)
+    gdn = carry.state.layers[0].state
+    assert gdn.addressable_shards[0].data.shape == (2, 16 // 4, 8, 8)
+
+
+def test_kv_heads_that_do_not_divide_are_replicated_and_still_exact():
+    config = tiny_moe(**TWO_LAYERS)  # 2 KV heads, 4 experts on a model axis of 8
+    params = init_params(config, jax.random.key(4), norm_scale=0.1)
+    prompts = [[5, 6, 7, 8, 9, 10], [3, 1]]
+    ref = generate(config, params, prompts, max_new_tokens=16).tokens
+    mesh = sharding.make_mesh(1, 8)
+    got = generate(
+        config, params, prompts, max_new_tokens=16, mesh=mesh, speculative=SPECS["states"]
+    )
+    assert got.tokens == ref
+    specs = sharding.param_specs(config, mesh)
+    assert specs["layers"][1]["attn"]["w_k"] == P(None, None)
+    assert specs["layers"][0]["mlp"]["w_gate"] == P(None, None, None)
+
+
+def test_sampled_speculative_generation_is_sharding_invariant(model):
+    params, prompts = model
+    kw = dict(max_new_tokens=NEW, temperature=0.9, top_k=20, seed=7, speculative=SPECS["scan"])
+    ref = generate(CONFIG, params, prompts, **kw).tokens
+    got = generate(CONFIG, params, prompts, mesh=sharding.make_mesh(2, 4), **kw).tokens
+    assert got == ref
+
+
+# One TrainConfig for both training tests: the same train-step programs (one device, 1x8, 2x4)
+# then come from the persistent compilation cache the second time.
+TC = train_lib.TrainConfig(steps=3, batch=4, seq_len=16, warmup=1, save_every=1, eval_every=3,
+                           eval_batches=1, log_every=1)  # fmt: skip
+
+
+def test_training_step_gives_the_same_loss_and_update(model):
+    params, _ = model
+    opt = train_lib.make_optimizer(TC)
+    batch = np.random.default_rng(1).integers(0, CONFIG.vocab_size, (4, 17)).astype(np.int32)
+    step = train_lib.make_train_step(CONFIG, TC, opt)
+    ref_p, _, ref_m = step(params, opt.init(params), jnp.asarray(batch))
+    for shape in MESHES:
+        mesh = sharding.make_mesh(*shape)
+        sstep = train_lib.make_train_step(CONFIG, TC, opt, mesh=mesh)
+        opt_state = train_lib.init_opt_state(CONFIG, opt, params, mesh=mesh)
+        mu = opt_state[1][0].mu  # AdamW's first moment: placed like the params
+        assert mu["layers"][1]["attn"]["w_q"].sharding.spec == P(None, sharding.MODEL)
+        got_p, got_o, got_m = sstep(params, opt_state, batch)
+        for k in ref_m:
+            np.testing.assert_allclose(float(got_m[k]), float(ref_m[k]), rtol=2e-6, err_msg=k)
+        for a, b in zip(jax.tree.leaves(got_p), jax.tree.leaves(ref_p), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        w = got_p["layers"][0]["gdn"]["w_out"]
+        assert w.sharding.spec == P(sharding.MODEL, None)
+    with pytest.raises(ValueError, match="does not divide by the data axis"):
+        sstep(params, opt_state, batch[:3])
+
+
+def test_sharded_train_checkpoints_and_resumes_in_its_layout(tmp_path, model):
+    """train(mesh=2x4) logs the unsharded run's losses; with its last checkpoint deleted, the
+    same command resumes from the one before, in the sharded layout, and repeats the last
+    step's loss."""
+    from mtpspec.training import data as data_lib
+
+    params, _ = model
+    rng = np.random.default_rng(5)
+    corpus = data_lib.Corpus(
+        rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
+    )
+    quiet = dict(log=lambda *_: None, init=params)
+    train_lib.train(CONFIG, TC, corpus, tmp_path / "one", **quiet)
+    mesh = sharding.make_mesh(2, 4)
+    train_lib.train(CONFIG, TC, corpus, tmp_path / "mesh", mesh=mesh, **quiet)
+
+    def losses(run):
+        rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(r)["step"] for r in rows], [json.loads(r)["loss"] for r in rows]
+
+    steps, ref = losses("one")
+    assert losses("mesh")[0] == steps == [1, 2, 3]
+    np.testing.assert_allclose(losses("mesh")[1], ref, rtol=1e-5)
+    shutil.rmtree(tmp_path / "mesh" / "checkpoints" / "3")
+    logs = []
+    out, _ = train_lib.train(
+        CONFIG, TC, corpus, tmp_path / "mesh", mesh=mesh, init=params, log=logs.append
+    )
+    assert any("resumed from step 2" in line for line in logs), logs
+    assert out["layers"][1]["attn"]["w_q"].sharding.spec == P(None, sharding.MODEL)
+    again = losses("mesh")
+    assert again[0] == [1, 2, 3]
+    np.testing.assert_allclose(again[1], ref, rtol=1e-5)
+
+
+def test_load_hf_places_each_tensor_by_the_rules(tmp_path, model):
+    params, _ = model
+    save_hf(CONFIG, params, tmp_path / "ckpt", max_shard_bytes=200_000)
+    mesh = sharding.make_mesh(2, 4)
+    config, got = load_hf(tmp_path / "ckpt", mesh=mesh)
+    assert config == CONFIG
+    shardings = sharding.param_shardings(CONFIG, mesh)
+    for a, b, sh in zip(
+        jax.tree.leaves(got), jax.tree.leaves(params), jax.tree.leaves(shardings), strict=True
+    ):
+        assert a.sharding == sh
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_restore_params_reads_each_shard_into_its_layout(tmp_path, model):
+    params, _ = model
+    save_params(tmp_path / "p", CONFIG, params)
+    mesh = sharding.make_mesh(1, 8)
+    config, got = restore_params(tmp_path / "p", mesh=mesh)
+    for a, b, sh in zip(
+        jax.tree.leaves(got),
+        jax.tree.leaves(params),
+        jax.tree.leaves(sharding.param_shardings(config, mesh)),
+        strict=True,
+    ):
+        assert a.sharding == sh
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
