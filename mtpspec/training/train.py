@@ -211,6 +211,10 @@ def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, me
     return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
 
 
+def _no_log(*_):
+    pass
+
+
 def _read_metrics(path: pathlib.Path, upto: int) -> list[dict]:
     if not path.exists():
         return []
@@ -249,6 +253,10 @@ def train(
         mesh = sharding.check_mesh(mesh)
         params = sharding.shard_params(config, params, mesh)
     opt_state = init_opt_state(config, optimizer, params, mesh=mesh)
+    # Multi-host: every process trains; only process 0 writes metrics.jsonl and logs.
+    primary = jax.process_index() == 0
+    if not primary:
+        log = _no_log
     manager = ocp.CheckpointManager(
         workdir / "checkpoints",
         options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
@@ -264,15 +272,16 @@ def train(
         start = latest
         log(f"resumed from step {latest}")
     metrics_path = workdir / "metrics.jsonl"
-    kept = _read_metrics(metrics_path, start)
-    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    if primary:
+        kept = _read_metrics(metrics_path, start)
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     train_step = make_train_step(config, tc, optimizer, mesh=mesh)
     held = data_lib.eval_batches(
         corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
     )
     last_eval: dict[str, Any] = {}
     t_last, tokens_since = time.perf_counter(), 0
-    with metrics_path.open("a") as metrics:
+    with metrics_path.open("a") if primary else open(os.devnull, "w") as metrics:
         for step in range(start + 1, tc.steps + 1):
             batch = data_lib.batch_at(
                 corpus.train, step, batch=tc.batch, seq_len=tc.seq_len, seed=tc.seed
