@@ -5,10 +5,11 @@
     python -m experiments.memory_estimate --hf_config=/path/to/config.json
 
 Counts exactly the arrays mtpspec holds, placed by ``mtpspec.sharding``: parameters (bf16 unless
---dtype), the decode state (KV caches in the parameter dtype, GDN state f32, conv windows) for
---batch sequences of --capacity tokens, and with --train AdamW's two f32 moments and f32
-gradients. Activations and XLA temporaries are not included (``compiled.memory_analysis()`` of a
-real program gives those).
+--dtype) plus, for inference, the decode state (KV caches in the parameter dtype, GDN state f32,
+conv windows) for --batch sequences of --capacity tokens, or with --train AdamW's two f32
+moments and f32 gradients (parameters are replicated over ``data``: no ZeRO / FSDP yet).
+Activations and XLA temporaries are not included (``compiled.memory_analysis()`` of a real
+program gives those).
 """
 
 from __future__ import annotations
@@ -49,9 +50,8 @@ def main(argv):
             f"\n{name}: batch {FLAGS.batch} x {FLAGS.capacity} tokens, {FLAGS.dtype} weights"
             + (", training (AdamW f32 moments + f32 grads)" if FLAGS.train else "")
         )
-        head = f"{'mesh':>6} {'params':>11} {'params/dev':>11} {'state/dev':>10}"
-        if FLAGS.train:
-            head += f" {'opt+grad/dev':>13}"
+        head = f"{'mesh':>6} {'params':>11} {'params/dev':>11}"
+        head += f" {'opt+grad/dev':>13}" if FLAGS.train else f" {'state/dev':>10}"
         print(head + f" {'total/dev':>10}  replicated on model")
         for text in FLAGS.meshes:
             d, m = sharding.parse_mesh(text)
@@ -66,12 +66,13 @@ def main(argv):
             rep = sorted({p.split("[")[-1].strip("]'") for p in est["replicated_on_model"]})
             line = (
                 f"{text:>6} {est['total_params'] / 1e9:>10.2f}B "
-                f"{est['param_bytes_per_device'] / GIB:>9.2f}Gi "
-                f"{est['state_bytes_per_device'] / GIB:>8.2f}Gi"
+                f"{est['param_bytes_per_device'] / GIB:>9.2f}Gi"
             )
             if FLAGS.train:
                 extra = est["optimizer_bytes_per_device"] + est["grad_bytes_per_device"]
                 line += f" {extra / GIB:>11.2f}Gi"
+            else:
+                line += f" {est['state_bytes_per_device'] / GIB:>8.2f}Gi"
             print(line + f" {est['total_bytes_per_device'] / GIB:>8.2f}Gi  {', '.join(rep) or '-'}")
             rows.append({"model": name, "mesh": text, **est})
     print("\n(GiB = 2^30 bytes; activations and XLA temporaries not included)")

@@ -357,8 +357,9 @@ def memory_estimate(
     param_dtype: str | None = None,
     train: bool = False,
 ) -> dict:
-    """Bytes per device for the parameters, the decode state (batch sequences of ``capacity``
-    tokens) and, with ``train=True``, AdamW's two f32 moments plus f32 gradients. Exact for the
+    """Bytes per device: inference = parameters + the decode state (``batch`` sequences of
+    ``capacity`` tokens); ``train=True`` = parameters + AdamW's two f32 moments + f32 gradients
+    (the total then leaves the decode state out). Exact for the
     arrays mtpspec holds (same rules as the real placement); activations and XLA temporaries are
     not included (see ``compiled.memory_analysis()`` for a real program)."""
     sizes = _sizes(mesh)
@@ -394,8 +395,11 @@ def memory_estimate(
             r["path"] for r in describe(config, sizes) if r["replicated_on_model"]
         ],
     }
-    if train:
-        out["optimizer_bytes_per_device"] = int(param_elems * 4 * 2)  # AdamW mu, nu (f32)
+    if train:  # no decode state in training: params + AdamW mu, nu (f32) + f32 gradients
+        out["optimizer_bytes_per_device"] = int(param_elems * 4 * 2)
         out["grad_bytes_per_device"] = int(param_elems * 4)
-    out["total_bytes_per_device"] = sum(v for k, v in out.items() if k.endswith("bytes_per_device"))
+        parts = ("param", "optimizer", "grad")
+    else:
+        parts = ("param", "state")
+    out["total_bytes_per_device"] = sum(out[f"{p}_bytes_per_device"] for p in parts)
     return out
