@@ -94,10 +94,15 @@ def test_sharded_generation_emits_the_single_device_tokens(model, reference, sha
 
 def test_explicit_mesh_is_accepted_and_gives_the_same_tokens(model, reference):
     params, prompts = model
+    generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=sharding.make_mesh(2, 4))
+    compiled = loop.compile_count()
     mesh = sharding.make_mesh(2, 4, axis_types="explicit")
     assert all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
     assert got.tokens == reference
+    other = [[9, 8, 7], [1, 2, 3, 4, 5], [6]]  # same buckets: no new compile either
+    generate(CONFIG, params, other, max_new_tokens=NEW, mesh=mesh)
+    assert loop.compile_count() == compiled  # the explicit mesh reuses the auto program
     with jax.set_mesh(mesh):  # inside the user's explicit-mesh context as well
         got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
     assert got.tokens == reference
