@@ -108,7 +108,7 @@ def test_explicit_mesh_is_accepted_and_gives_the_same_tokens(model, reference):
     assert got.tokens == reference
 
 
-def test_decode_state_is_sharded_with_its_heads(model):
+def test_decode_state_is_sharded_with_its_heads(model, reference):
     """The carry after prefill: every state leaf has exactly the rule's sharding, and those
     shardings split KV caches / GDN state on the model axis (this config divides by 4)."""
     params, prompts = model
@@ -135,6 +135,15 @@ def test_decode_state_is_sharded_with_its_heads(model):
     assert kv.addressable_shards[0].data.shape == (2, kv.shape[1], 8 // 4, 8)
     gdn = carry.state.layers[0].state
     assert gdn.addressable_shards[0].data.shape == (2, 16 // 4, 8, 8)
+    # the streaming API runs the same sharded prefill and step from Python
+    stream = loop.generate_stream(
+        CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"], mesh=mesh
+    )
+    streamed = [[] for _ in prompts]
+    for chunk in stream:
+        for row, new in zip(streamed, chunk, strict=True):
+            row.extend(new)
+    assert streamed == reference
 
 
 def test_kv_heads_that_do_not_divide_are_replicated_and_still_exact():
