@@ -1,0 +1,72 @@
+"""What the sharding rules do to one model on one mesh: the placement of every parameter kind
+and the collectives XLA inserted into the compiled generate programs.
+
+    python -m experiments.sharding_report --mesh=1x2 --simulate_devices=8
+    python -m experiments.sharding_report --checkpoint=DIR --mesh=2x4
+
+``--simulate_devices=N`` runs on N simulated CPU devices (sets XLA_FLAGS before JAX starts).
+Collective counts are static (ops in the program text: prefill + one loop body), not per step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__":  # must happen before JAX initialises its backend
+    for arg in sys.argv[1:]:
+        if arg.startswith("--simulate_devices="):
+            n = int(arg.split("=", 1)[1])
+            os.environ["XLA_FLAGS"] = (
+                os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={n}"
+            ).strip()
+
+import collections  # noqa: E402
+import pathlib  # noqa: E402
+import re  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import mtpspec  # noqa: E402
+from mtpspec import checkpoints, sharding  # noqa: E402
+from mtpspec.decoding import loop  # noqa: E402
+
+ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", str(ASSETS / "default_model"), "Model directory.")
+flags.DEFINE_string("mesh", "1x2", "DATAxMODEL.")
+flags.DEFINE_integer("simulate_devices", None, "Simulated CPU devices (read before JAX starts).")
+flags.DEFINE_integer("num_draft", 2, "k of the speculative program (MTP, commit states).")
+
+COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+_OP = re.compile(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+
+
+def main(argv):
+    del argv
+    d, m = sharding.parse_mesh(FLAGS.mesh)
+    mesh = sharding.make_mesh(d, m, devices=jax.devices()[: d * m])
+    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
+    print(f"model {FLAGS.checkpoint}: {config.num_layers} layers, mesh {FLAGS.mesh}")
+    seen = {}
+    for row in sharding.describe(config, mesh):
+        kind = re.sub(r"\[\d+\]", "[i]", row["path"])
+        seen.setdefault(kind, row)
+    for kind, row in seen.items():
+        flag = "  (replicated: count does not divide)" if row["replicated_on_model"] else ""
+        print(f"  {kind:<42} {str(row['shape']):<16} {str(row['spec']):<22}{flag}")
+    spec = mtpspec.SpecConfig(proposer="mtp", num_draft=FLAGS.num_draft, commit="states")
+    for name, sp in (("plain", None), (f"mtp k={FLAGS.num_draft}", spec)):
+        static, arrays = loop._prepare(
+            config, params, [[1, 2, 3]], 16, sp, 0.0, 0, 1.0, None, mesh, None
+        )
+        args = loop._device_args(static, params, None, arrays, 0)
+        text = loop._program.lower(static, *args).compile().as_text()
+        counts = collections.Counter(_OP.findall(text))
+        print(f"collectives in the {name} program: " + ", ".join(
+            f"{counts.get(c, 0)} {c}" for c in COLLECTIVES))  # fmt: skip
+
+
+if __name__ == "__main__":
+    app.run(main)
