@@ -22,6 +22,7 @@ if __name__ == "__main__":  # must happen before JAX initialises its backend
             ).strip()
 
 import collections  # noqa: E402
+import dataclasses  # noqa: E402
 import pathlib  # noqa: E402
 import re  # noqa: E402
 
@@ -31,6 +32,7 @@ from absl import app, flags  # noqa: E402
 import mtpspec  # noqa: E402
 from mtpspec import checkpoints, sharding  # noqa: E402
 from mtpspec.decoding import loop  # noqa: E402
+from mtpspec.models import init_params  # noqa: E402
 
 ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
 FLAGS = flags.FLAGS
@@ -38,6 +40,12 @@ flags.DEFINE_string("checkpoint", str(ASSETS / "default_model"), "Model director
 flags.DEFINE_string("mesh", "1x2", "DATAxMODEL.")
 flags.DEFINE_integer("simulate_devices", None, "Simulated CPU devices (read before JAX starts).")
 flags.DEFINE_integer("num_draft", 2, "k of the speculative program (MTP, commit states).")
+flags.DEFINE_list(
+    "override", None, "Diagnostic: config fields NAME=INT (random weights of that shape)."
+)
+flags.DEFINE_bool(
+    "replicate_gdn_channels", False, "Diagnostic: keep GDN w_qkv / conv replicated on model."
+)
 
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
 _OP = re.compile(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
@@ -47,7 +55,14 @@ def main(argv):
     del argv
     d, m = sharding.parse_mesh(FLAGS.mesh)
     mesh = sharding.make_mesh(d, m, devices=jax.devices()[: d * m])
-    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
+    config, params = checkpoints.load(FLAGS.checkpoint)
+    if FLAGS.override:
+        fields = {k: int(v) for k, v in (item.split("=", 1) for item in FLAGS.override)}
+        config = dataclasses.replace(config, **fields)
+        params = init_params(config, jax.random.key(0))
+    if FLAGS.replicate_gdn_channels:
+        sharding._gdn_channels_split = lambda config, m: None
+    params = sharding.shard_params(config, params, mesh)
     print(f"model {FLAGS.checkpoint}: {config.num_layers} layers, mesh {FLAGS.mesh}")
     seen = {}
     for row in sharding.describe(config, mesh):
