@@ -6,8 +6,9 @@
 
 Counts exactly the arrays mtpspec holds, placed by ``mtpspec.sharding``: parameters (bf16 unless
 --dtype) plus, for inference, the decode state (KV caches in the parameter dtype, GDN state f32,
-conv windows) for --batch sequences of --capacity tokens, or with --train AdamW's two f32
-moments and f32 gradients (parameters are replicated over ``data``: no ZeRO / FSDP yet).
+conv windows) for --batch sequences of --capacity tokens, or with --train AdamW's two
+moments and the gradients, in the parameter dtype as ``training.make_optimizer`` keeps them (no
+f32 master copy; parameters are replicated over ``data``: no ZeRO / FSDP yet).
 Activations and XLA temporaries are not included (``compiled.memory_analysis()`` of a real
 program gives those).
 """
@@ -48,7 +49,7 @@ def main(argv):
     for name, config in configs.items():
         print(
             f"\n{name}: batch {FLAGS.batch} x {FLAGS.capacity} tokens, {FLAGS.dtype} weights"
-            + (", training (AdamW f32 moments + f32 grads)" if FLAGS.train else "")
+            + (", training (AdamW moments + grads in the param dtype)" if FLAGS.train else "")
         )
         head = f"{'mesh':>6} {'params':>11} {'params/dev':>11}"
         head += f" {'opt+grad/dev':>13}" if FLAGS.train else f" {'state/dev':>10}"

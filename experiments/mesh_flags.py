@@ -34,7 +34,8 @@ FLAGS = flags.FLAGS
 
 def setup_mesh():
     """Start multi-host JAX when asked, then build the --mesh mesh (None without --mesh)."""
-    if FLAGS.distributed or FLAGS.coordinator_address or FLAGS.num_processes is not None:
+    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if FLAGS.distributed or any(v is not None for v in explicit):
         sharding.initialize_distributed(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
         )

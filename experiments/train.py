@@ -55,12 +55,13 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
     del argv
+    mesh = mesh_flags.setup_mesh()  # first: multi-host start-up precedes any JAX work
     model = C.default_model() if FLAGS.preset == "default" else C.tiny_hybrid(vocab_size=256)
     init = None
     if FLAGS.init:
         from mtpspec.checkpoints import restore_params
 
-        loaded_config, init = restore_params(FLAGS.init)
+        loaded_config, init = restore_params(FLAGS.init, mesh=mesh)
         model = loaded_config
     tc = TrainConfig(
         steps=FLAGS.steps,
@@ -79,7 +80,6 @@ def main(argv):
     corpus = load_corpus(FLAGS.manifest, root=root)
     print(f"model: {dataclasses.asdict(model)}")
     print(f"corpus: {len(corpus.train):,} train bytes, {len(corpus.eval):,} held-out bytes")
-    mesh = mesh_flags.setup_mesh()
     _, metrics = train(
         model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step, mesh=mesh
     )

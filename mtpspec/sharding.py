@@ -25,6 +25,7 @@ way (tested).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -149,8 +150,10 @@ def _split(n: int, m: int) -> str | None:
 
 
 def _gdn_channels_split(config: ModelConfig, m: int) -> str | None:
-    """w_qkv columns / conv channels / the conv window: split only when whole key and value
-    heads land on each shard count (so the decision matches the value-head rule)."""
+    """w_qkv columns / conv channels / the conv window: split (contiguously) only when both the
+    key and the value head counts divide, so the split-or-replicate decision matches the head
+    rules. The columns are [q | k | v], so a shard holds a channel range, not (q_i, k_i, v_i):
+    exact under GSPMD, and a grouped layout is future work (BUILD_NOTES)."""
     ok = config.linear_num_key_heads % m == 0 and config.linear_num_value_heads % m == 0
     return MODEL if ok else None
 
@@ -241,10 +244,15 @@ def place(x, sharding: NamedSharding):
     if isinstance(x, jax.Array) and x.sharding == sharding:
         return x
     if isinstance(x, jax.Array) and not x.is_fully_addressable:  # a global array: reshard
-        return jax.jit(lambda a: a, out_shardings=sharding)(x)
+        return _resharder(sharding)(x)
     if sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
     return place_host_array(np.asarray(x), sharding)
+
+
+@functools.lru_cache(maxsize=256)
+def _resharder(sharding: NamedSharding):
+    return jax.jit(lambda a: a, out_shardings=sharding)
 
 
 def to_host(x) -> np.ndarray:
@@ -358,10 +366,10 @@ def memory_estimate(
     train: bool = False,
 ) -> dict:
     """Bytes per device: inference = parameters + the decode state (``batch`` sequences of
-    ``capacity`` tokens); ``train=True`` = parameters + AdamW's two f32 moments + f32 gradients
-    (the total then leaves the decode state out). Exact for the
-    arrays mtpspec holds (same rules as the real placement); activations and XLA temporaries are
-    not included (see ``compiled.memory_analysis()`` for a real program)."""
+    ``capacity`` tokens); ``train=True`` = parameters + AdamW's two moments + gradients, in the
+    parameter dtype as ``make_optimizer`` holds them (the total then leaves the decode state
+    out). Exact for the arrays mtpspec holds (same rules as the real placement); activations and
+    XLA temporaries are not included (see ``compiled.memory_analysis()`` for a real program)."""
     sizes = _sizes(mesh)
     if param_dtype is not None:
         config = dataclasses.replace(config, dtype=jax.numpy.dtype(param_dtype).name)
@@ -395,9 +403,10 @@ def memory_estimate(
             r["path"] for r in describe(config, sizes) if r["replicated_on_model"]
         ],
     }
-    if train:  # no decode state in training: params + AdamW mu, nu (f32) + f32 gradients
-        out["optimizer_bytes_per_device"] = int(param_elems * 4 * 2)
-        out["grad_bytes_per_device"] = int(param_elems * 4)
+    if train:  # no decode state: params + AdamW mu, nu + gradients, all in the param dtype
+        # (optax.adamw without mu_dtype keeps the moments in the params' dtype; no f32 master)
+        out["optimizer_bytes_per_device"] = int(param_elems * pdtype.itemsize * 2)
+        out["grad_bytes_per_device"] = int(param_elems * pdtype.itemsize)
         parts = ("param", "optimizer", "grad")
     else:
         parts = ("param", "state")

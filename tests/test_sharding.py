@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from mtpspec import generate, sharding
+from mtpspec import SpecConfig, generate, sharding
 from mtpspec.config import FULL, TWO_LAYERS, qwen3_5_27b, qwen3_next_80b_a3b, tiny_moe
 from mtpspec.models import init_params, param_shapes
 
@@ -25,7 +25,7 @@ def _flat_specs(config, mesh):
     return sharding.param_specs(config, mesh)
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 6, 8, 12, 16])
 @pytest.mark.parametrize("config_fn", [qwen3_next_80b_a3b, qwen3_5_27b, tiny_moe])
 def test_state_is_split_exactly_like_the_weights_that_write_it(config_fn, m):
     config = config_fn()
@@ -87,6 +87,8 @@ def test_memory_estimate_counts_every_parameter_once_per_shard():
     assert b["state_bytes_per_device"] * 2 == a["state_bytes_per_device"]
     t = sharding.memory_estimate(config, {"data": 1, "model": 8}, batch=1, capacity=1, train=True)
     assert t["optimizer_bytes_per_device"] == 2 * t["grad_bytes_per_device"]
+    assert t["grad_bytes_per_device"] == t["param_bytes_per_device"]  # bf16, as adamw keeps them
+    assert t["total_bytes_per_device"] == 4 * t["param_bytes_per_device"]  # no decode state
 
 
 def _shape(x):
@@ -105,6 +107,13 @@ def test_bad_meshes_raise_clear_errors():
     other = init_params(tiny_moe(), jax.random.key(0))
     with pytest.raises(ValueError, match="tree of this config"):
         generate(config, other, [[1, 2]], max_new_tokens=4, mesh=mesh)
+    pallas = SpecConfig(proposer="mtp", num_draft=2, verify_method="pallas")
+    with pytest.raises(ValueError, match="not partitioned"):
+        generate(config, params, [[1, 2]], max_new_tokens=4, mesh=mesh, speculative=pallas)
+    with pytest.raises(ValueError, match="together"):
+        sharding.initialize_distributed(process_id=0)  # raises before any jax.distributed call
+    with pytest.raises(ValueError, match="process_id must be in"):
+        sharding.initialize_distributed("127.0.0.1:1", 2, 2)
     with pytest.raises(ValueError, match="needs 16 devices"):
         sharding.make_mesh(2, 8)
     with pytest.raises(ValueError, match="positive int"):

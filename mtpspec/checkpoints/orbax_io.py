@@ -42,13 +42,20 @@ def save_params(
     """Write ``config`` (JSON) and ``params`` (orbax) under directory ``path``."""
     path = os.path.abspath(os.fspath(path))
     _check_tree(params, config)
-    if os.path.exists(path):
-        if not overwrite:
-            raise FileExistsError(f"{path} already exists (pass overwrite=True to replace it)")
-        shutil.rmtree(path)
-    os.makedirs(path)
-    with open(os.path.join(path, CONFIG_FILE), "w") as f:
-        json.dump(dataclasses.asdict(config), f, indent=2)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path} already exists (pass overwrite=True to replace it)")
+    # Multi-host (shared filesystem): process 0 alone clears the directory and writes the config;
+    # then every process joins orbax's save of its own shards.
+    if jax.process_index() == 0:
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.makedirs(path)
+        with open(os.path.join(path, CONFIG_FILE), "w") as f:
+            json.dump(dataclasses.asdict(config), f, indent=2)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"mtpspec save_params {path}")
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(os.path.join(path, PARAMS_DIR), params)
 

@@ -16,6 +16,8 @@ nearby requests reuse a compile.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -34,8 +36,10 @@ from mtpspec.decoding.proposers import draft_model_propose, mtp_catch_up_and_dra
 from mtpspec.decoding.sampling import check_sampling_args, draft_probs, select_tokens
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
+from mtpspec.ops.gdn.api import AUTO_RECURRENT_MAX_T
 from mtpspec.sharding import DATA
 
+logger = logging.getLogger(__name__)
 PROPOSERS = ("mtp", "ngram", "draft")
 VERIFY_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
 BUCKET = 16
@@ -123,6 +127,7 @@ class _Static(NamedTuple):
     out_size: int
     draft_config: ModelConfig | None = None
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
+    prefill_method: str = "auto"  # GDN form of the prefill ("chunk" under a mesh)
 
 
 class GenerateResult(NamedTuple):
@@ -205,7 +210,7 @@ def _check_capacity(s: _Static, lengths, stop):
 def _prefill(s: _Static, params, dparams, prompts, lengths, max_new, eos, key) -> _Carry:
     b, p = prompts.shape
     state = init_decode_state(s.config, b, s.capacity)
-    out = window_step_impl(s.config, params, state, prompts, lengths, "auto")
+    out = window_step_impl(s.config, params, state, prompts, lengths, s.prefill_method)
     rows = (lengths - 1)[:, None, None]
     last_logits = jnp.take_along_axis(out.logits, rows, axis=1)[:, 0]
     first = _selector(s, jax.random.fold_in(key, 2**30))(last_logits, 0)
@@ -228,7 +233,9 @@ def _prefill(s: _Static, params, dparams, prompts, lengths, max_new, eos, key) -
         q = _ngram_q(s, drafts)
     elif s.proposer == "draft":
         dstate = init_decode_state(s.draft_config, b, s.capacity)
-        dstate = window_step_impl(s.draft_config, dparams, dstate, prompts, lengths, "auto").state
+        dstate = window_step_impl(
+            s.draft_config, dparams, dstate, prompts, lengths, s.prefill_method
+        ).state
     out_buf = jnp.zeros((b, s.out_size), jnp.int32).at[:, 0].set(first)
     count = jnp.ones((b,), jnp.int32)
     stop = jnp.where(first == eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
@@ -346,6 +353,14 @@ def compile_count() -> int:
 # ---- validation and the public API --------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=8)
+def _log_mesh_methods(verify_method: str) -> None:
+    logger.info(
+        "generate under a mesh: GDN prefill 'chunk', verify %r (auto never picks pallas there)",
+        verify_method,
+    )
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -408,12 +423,25 @@ def _prepare(
         raise ValueError(
             f"eos_id must be None or a token id in [0, {config.vocab_size}), got {eos_id!r}"
         )
+    k = speculative.num_draft if speculative else 0
+    verify_method = speculative.verify_method if speculative else "auto"
+    prefill_method = "auto"
     if mesh is not None:
         mesh = sharding.check_mesh(mesh)
         sharding.check_param_tree(config, params)
         if speculative is not None and speculative.proposer == "draft":
             sharding.check_param_tree(speculative.draft_config, speculative.draft_params)
-    k = speculative.num_draft if speculative else 0
+        # pallas_call has no GSPMD partitioning rule (a shard_map wrapper is not written yet):
+        # under a mesh an explicit "pallas" is refused and "auto" never picks it.
+        if verify_method == "pallas":
+            raise ValueError(
+                "verify_method='pallas' cannot run under a mesh (the Pallas kernel is not "
+                "partitioned); use 'auto' or 'chunk'"
+            )
+        if verify_method == "auto":
+            verify_method = "recurrent" if k + 1 <= AUTO_RECURRENT_MAX_T else "chunk"
+        prefill_method = "chunk"
+        _log_mesh_methods(verify_method)
     longest = max(len(p) for p in prompts)
     p_pad = _round_up(longest, BUCKET)
     out_size = _round_up(max(max_new_tokens, 1), BUCKET)
@@ -431,7 +459,7 @@ def _prepare(
         k=k,
         proposer=speculative.proposer if speculative else "none",
         commit=speculative.commit if speculative else "scan",
-        verify_method=speculative.verify_method if speculative else "auto",
+        verify_method=verify_method,
         ngram=(speculative.ngram_min, speculative.ngram_max) if speculative else (1, 1),
         temperature=float(temperature),
         top_k=int(top_k),
@@ -440,6 +468,7 @@ def _prepare(
         out_size=out_size,
         draft_config=speculative.draft_config if k and speculative.proposer == "draft" else None,
         mesh=mesh,
+        prefill_method=prefill_method,
     )
     b = len(prompts)
     if mesh is not None:  # pad the batch to a multiple of the data axis with 1-token dummies

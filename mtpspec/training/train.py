@@ -241,6 +241,11 @@ def train(
     before any checkpoint of that step: the hardest place to resume from.
     ``mesh``: train sharded over a (data, model) mesh (``mtpspec.sharding``); checkpoints are
     written and restored in that layout (orbax, per shard)."""
+    if mesh is not None:  # checked before any device work
+        mesh = sharding.check_mesh(mesh)
+        d = mesh.shape[sharding.DATA]
+        if tc.batch % d:
+            raise ValueError(f"batch size {tc.batch} does not divide by the data axis ({d})")
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     optimizer = make_optimizer(tc)
@@ -250,7 +255,6 @@ def train(
     else:
         params = init
     if mesh is not None:
-        mesh = sharding.check_mesh(mesh)
         params = sharding.shard_params(config, params, mesh)
     opt_state = init_opt_state(config, optimizer, params, mesh=mesh)
     # Multi-host: every process trains; only process 0 writes metrics.jsonl and logs.

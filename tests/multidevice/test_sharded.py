@@ -8,6 +8,7 @@ greedy runs are compared with single-device *plain* greedy: they must emit exact
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import shutil
@@ -67,15 +68,21 @@ def reference(model):
     return generate(CONFIG, params, prompts, max_new_tokens=NEW).tokens
 
 
-def test_single_device_speculative_equals_plain(model, reference):
+@pytest.fixture(scope="module")
+def spec_reference(model):
     params, prompts = model
-    got = generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"])
-    assert got.tokens == reference
+    return generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"])
+
+
+def test_single_device_speculative_equals_plain(spec_reference, reference):
+    assert spec_reference.tokens == reference
 
 
 @pytest.mark.parametrize("shape", MESHES, ids=["1x8", "2x4"])
 @pytest.mark.parametrize("spec", [None, *SPECS], ids=["plain", *SPECS])
-def test_sharded_generation_emits_the_single_device_tokens(model, reference, shape, spec):
+def test_sharded_generation_emits_the_single_device_tokens(
+    model, reference, spec_reference, shape, spec
+):
     params, prompts = model
     mesh = sharding.make_mesh(*shape)
     got = generate(
@@ -88,7 +95,9 @@ def test_sharded_generation_emits_the_single_device_tokens(model, reference, sha
     )
     assert got.tokens == reference
     assert len(got.stats["steps"]) == len(prompts)  # data-axis padding rows are dropped
-    if spec is not None:
+    if spec is not None:  # greedy acceptance is a function of the tokens: same per-step counts
+        for key in ("steps", "accepted", "tau", "position_acceptance"):
+            assert got.stats[key] == spec_reference.stats[key], key
         assert got.stats["tau"] > 1.0
 
 
@@ -210,8 +219,12 @@ def test_sharded_train_checkpoints_and_resumes_in_its_layout(tmp_path, model):
         rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
     )
     quiet = dict(log=lambda *_: None, init=params)
-    train_lib.train(CONFIG, TC, corpus, tmp_path / "one", **quiet)
     mesh = sharding.make_mesh(2, 4)
+    odd = dataclasses.replace(TC, batch=3)
+    with pytest.raises(ValueError, match="does not divide by the data axis"):
+        train_lib.train(CONFIG, odd, corpus, tmp_path / "odd", mesh=mesh, **quiet)
+    assert not (tmp_path / "odd").exists()  # refused before any work
+    train_lib.train(CONFIG, TC, corpus, tmp_path / "one", **quiet)
     train_lib.train(CONFIG, TC, corpus, tmp_path / "mesh", mesh=mesh, **quiet)
 
     def losses(run):
