@@ -273,3 +273,24 @@ def test_restore_params_reads_each_shard_into_its_layout(tmp_path, model):
     ):
         assert a.sharding == sh
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=["1x8", "2x4"])
+def test_draft_and_ngram_proposers_under_a_mesh_emit_the_same_tokens(model, reference, shape):
+    """The draft model's params and its own decode state are sharded by the same rules (its 2 KV
+    heads replicated on model); n-gram drafts read the batch-sharded history."""
+    params, prompts = model
+    mesh = sharding.make_mesh(*shape)
+    if shape == (2, 4):
+        draft_config = tiny_moe(**TWO_LAYERS)
+        draft = SpecConfig(
+            proposer="draft",
+            num_draft=2,
+            commit="replay",
+            draft_config=draft_config,
+            draft_params=init_params(draft_config, jax.random.key(9), norm_scale=0.1),
+        )
+    else:
+        draft = SpecConfig(proposer="ngram", num_draft=3, commit="states")
+    got = generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=draft, mesh=mesh)
+    assert got.tokens == reference
