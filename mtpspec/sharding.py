@@ -255,8 +255,16 @@ def _resharder(sharding: NamedSharding):
     return jax.jit(lambda a: a, out_shardings=sharding)
 
 
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """Leading (batch) axis on ``data``, the rest unsplit: prompts, lengths, training batches,
+    the loop's per-sequence buffers."""
+    return NamedSharding(mesh, P(DATA, *([None] * (ndim - 1))))
+
+
 def to_host(x) -> np.ndarray:
     """The whole value of a (possibly multi-host) array on this host."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable and x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
 

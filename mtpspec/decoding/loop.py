@@ -186,8 +186,7 @@ def _constrain(s: _Static, c: _Carry) -> _Carry:
     mesh = s.mesh
 
     def rows(x):
-        spec = P(DATA, *([None] * (x.ndim - 1)))
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return jax.lax.with_sharding_constraint(x, sharding.batch_sharding(mesh, x.ndim))
 
     state = sharding.constrain_state(s.config, c.state, mesh)
     dstate = c.dstate
@@ -553,14 +552,16 @@ def _device_args(static: _Static, params, dparams, arrays, seed: int) -> tuple:
     if dparams is not None:
         dparams = sharding.shard_params(static.draft_config, dparams, mesh)
     tokens, lengths, max_new, eos = arrays
-    rows = NamedSharding(mesh, P(DATA))
-    put = sharding.place_host_array
+
+    def rows(x):
+        return sharding.place_host_array(x, sharding.batch_sharding(mesh, x.ndim))
+
     return (
         params,
         dparams,
-        put(tokens, NamedSharding(mesh, P(DATA, None))),
-        put(lengths, rows),
-        put(max_new, rows),
+        rows(tokens),
+        rows(lengths),
+        rows(max_new),
         put_replicated(eos, mesh),
         _replicated_key(seed, mesh),
     )

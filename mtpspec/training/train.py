@@ -135,13 +135,13 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer, *, mesh=Non
         return jax.jit(step)
     p_sh = sharding.param_shardings(config, mesh)
     o_sh = opt_state_shardings(config, optimizer, mesh)
-    b_sh = NamedSharding(mesh, P(sharding.DATA, None))
+    b_sh = sharding.batch_sharding(mesh, 2)
     jitted = jax.jit(
         step, in_shardings=(p_sh, o_sh, b_sh), out_shardings=(p_sh, o_sh, NamedSharding(mesh, P()))
     )
 
-    def train_step(params, opt_state, batch):
-        params = sharding.shard_params(config, params, mesh)
+    def train_step(params, opt_state, batch):  # placing is a no-op from the second step on
+        params = jax.tree.map(sharding.place, params, p_sh)
         opt_state = jax.tree.map(sharding.place, opt_state, o_sh)
         if not isinstance(batch, jax.Array) or batch.sharding != b_sh:
             batch = _place_batch(batch, mesh)
@@ -188,15 +188,7 @@ def _place_batch(batch, mesh) -> jax.Array:
     d = mesh.shape[sharding.DATA]
     if batch.shape[0] % d:
         raise ValueError(f"batch size {batch.shape[0]} does not divide by the data axis ({d})")
-    return sharding.place_host_array(batch, NamedSharding(mesh, P(sharding.DATA, None)))
-
-
-def host_value(x) -> np.ndarray:
-    """A replicated result as a host array (works on multi-host meshes, where ``np.asarray`` of
-    a not fully addressable array fails)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        return np.asarray(x.addressable_data(0))
-    return np.asarray(x)
+    return sharding.place_host_array(batch, sharding.batch_sharding(mesh, batch.ndim))
 
 
 def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, mesh=None) -> dict:
@@ -207,7 +199,7 @@ def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, me
         put = functools.partial(_place_batch, mesh=mesh)
     else:
         put = jnp.asarray
-    parts = [jax.tree.map(host_value, fn(params, put(b))) for b in batches]
+    parts = [jax.tree.map(sharding.to_host, fn(params, put(b))) for b in batches]
     return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
 
 
@@ -291,7 +283,7 @@ def train(
                 corpus.train, step, batch=tc.batch, seq_len=tc.seq_len, seed=tc.seed
             )
             params, opt_state, m = train_step(params, opt_state, batch)
-            m = {k: float(host_value(v)) for k, v in m.items()}
+            m = {k: float(sharding.to_host(v)) for k, v in m.items()}
             tokens_since += tc.batch * tc.seq_len
             metrics.write(json.dumps({"step": step, **m}) + "\n")
             metrics.flush()
