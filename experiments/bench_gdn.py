@@ -10,7 +10,6 @@ same process (these machines are shared and noisy: absolute times are not compar
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
@@ -18,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
+from experiments import cli
 from mtpspec import ops
 
 FLAGS = flags.FLAGS
@@ -33,7 +33,7 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer("assoc_max_t", 64, "Skip 'assoc' above this length (it stores t·h·k² floats).")
 flags.DEFINE_integer("repeats", 5, "Timed calls per point (median reported).")
-flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
+cli.define_json_out()
 
 
 def make_inputs(t: int, seed: int = 0):
@@ -97,14 +97,11 @@ def main(argv):
         ]
         print(f"{t:>6} " + " ".join(cells) + " " + " ".join(ratios), flush=True)
     print(f"(x = speed-up over '{base}' measured in this run; higher is faster)")
-    if FLAGS.json_out:
-        meta = {
-            k: getattr(FLAGS, k)
-            for k in ("batch", "key_heads", "value_heads", "key_dim", "value_dim", "chunk_size")
-        }
-        result = {"backend": jax.default_backend(), "jax": jax.__version__, **meta, "rows": rows}
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(result, f, indent=2)
+    meta = {
+        k: getattr(FLAGS, k)
+        for k in ("batch", "key_heads", "value_heads", "key_dim", "value_dim", "chunk_size")
+    }
+    cli.write_json({"backend": jax.default_backend(), "jax": jax.__version__, **meta, "rows": rows})
 
 
 if __name__ == "__main__":

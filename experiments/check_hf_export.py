@@ -1,11 +1,11 @@
 """Check an exported HF directory in transformers (needs the ``hf`` extra: torch + transformers).
 
     python -m experiments.export_hf --out=/tmp/default_hf
-    python -m experiments.check_hf_export --hf_dir=/tmp/default_hf     # what `make test-hf` checks
+    python -m experiments.check_hf_export --checkpoint=/tmp/default_hf   # `make test-hf` checks it
 
-Loads ``--hf_dir`` with ``transformers.AutoModelForCausalLM`` (float32, eager attention, the
-pure-torch GDN path) and compares with mtpspec on the source ``--checkpoint`` (default: the shipped
-default model):
+Loads ``--checkpoint`` (an exported HF directory) with ``transformers.AutoModelForCausalLM``
+(float32, eager attention, the pure-torch GDN path) and compares with mtpspec on ``--source``
+(the checkpoint it was exported from; default: the shipped default model):
   * logits of a stdlib text snippet and of random token ids: max |ours − HF| / max |HF| and
     argmax agreement;
   * greedy continuations: transformers ``generate`` (with its cache) vs ``mtpspec.generate``;
@@ -22,13 +22,14 @@ import pathlib
 import numpy as np
 from absl import app, flags
 
-ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
+from experiments import cli
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("hf_dir", None, "Exported HF directory (experiments.export_hf --out).")
-flags.DEFINE_string("checkpoint", str(ASSETS / "default_model"), "The checkpoint it came from.")
+cli.define_checkpoint("The exported HF directory to check (experiments.export_hf --out).", None)
+flags.DEFINE_string("source", str(cli.DEFAULT_MODEL), "The checkpoint it was exported from.")
 flags.DEFINE_integer("length", 128, "Tokens per compared sequence.")
 flags.DEFINE_integer("greedy_tokens", 32, "Greedy tokens compared with transformers generate.")
-flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
+cli.define_json_out()
 
 TEXTS = ("", "def main():\n    return 0\n", "  héllo, 世界 🎉\t\r\n", "\x00\x7f\x80 ÿ")
 
@@ -59,7 +60,7 @@ def check_tokenizer(hf_dir: pathlib.Path) -> dict | None:
         return None
     from transformers import AutoTokenizer
 
-    from mtpspec.training.data import ByteTokenizer, HFTokenizer, byte_tokenizer_json
+    from mtpspec.tokenizers import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 
     if json.loads((hf_dir / "tokenizer.json").read_text()) != byte_tokenizer_json():
         return {"tokenizer_class": "not the byte tokenizer (not compared)"}
@@ -134,13 +135,13 @@ def compare(hf_dir, config, params, *, length: int = 128, greedy_tokens: int = 3
 
 def main(argv):
     del argv
-    if not FLAGS.hf_dir:
-        raise app.UsageError("--hf_dir is required")
+    if not FLAGS.checkpoint:
+        raise app.UsageError("--checkpoint (the exported HF directory) is required")
     from mtpspec import checkpoints
 
-    config, params = checkpoints.load(FLAGS.checkpoint)
+    config, params = checkpoints.load(FLAGS.source)
     r = compare(
-        FLAGS.hf_dir, config, params, length=FLAGS.length, greedy_tokens=FLAGS.greedy_tokens
+        FLAGS.checkpoint, config, params, length=FLAGS.length, greedy_tokens=FLAGS.greedy_tokens
     )
     print(f"transformers class         {r['hf_class']}")
     print(f"missing/unexpected weights {r['hf_loading_problems'] or 'none'}")
@@ -161,8 +162,7 @@ def main(argv):
             f"{t['encode_equal']}, decode == ByteTokenizer {t['decode_equal']} "
             f"({t['decode_samples']} id lists); mtpspec HFTokenizer too: {t['hftokenizer_equal']}"
         )
-    if FLAGS.json_out:
-        pathlib.Path(FLAGS.json_out).write_text(json.dumps(r, indent=2) + "\n")
+    cli.write_json(r)
 
 
 if __name__ == "__main__":

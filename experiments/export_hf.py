@@ -9,7 +9,7 @@
 when the vocabulary is 256 (what experiments.train and experiments.generate use), else none.
 After writing, the directory is read back with ``checkpoints.load_hf`` and compared with the
 source parameters (cast to the stored dtype) bit for bit; the script prints the files and the
-result. ``python -m experiments.check_hf_export --hf_dir=OUT`` then checks it in transformers.
+result. ``python -m experiments.check_hf_export --checkpoint=OUT`` then checks it in transformers.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from experiments import cli
 from mtpspec import checkpoints
-from mtpspec.training.data import ByteTokenizer
+from mtpspec.tokenizers import ByteTokenizer
 
-ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", str(ASSETS / "default_model"), "Checkpoint to export.")
+cli.define_checkpoint("Checkpoint to export.")
 flags.DEFINE_string("out", None, "Output directory (absent or empty, unless --overwrite).")
 flags.DEFINE_string("family", None, "qwen3_5 | qwen3_next (default: the checkpoint's family).")
 flags.DEFINE_string("dtype", None, "float32 | bfloat16 storage dtype (default: the config's).")
@@ -37,7 +37,7 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_integer(
     "max_position_embeddings",
-    checkpoints.hf_export.DEFAULT_MAX_POSITION_EMBEDDINGS,
+    checkpoints.hf_config.DEFAULT_MAX_POSITION_EMBEDDINGS,
     "Written to config.json (vLLM's default max_model_len).",
 )
 flags.DEFINE_string("tokenizer", "auto", "auto | bytes | none | path to a tokenizer.json.")

@@ -17,7 +17,6 @@ entries are marked, never silently dropped. The exit status is 1 if any correctn
 from __future__ import annotations
 
 import importlib
-import json
 import pathlib
 import statistics
 import sys
@@ -27,6 +26,8 @@ import types
 import jax
 import jax.numpy as jnp
 from absl import app, flags
+
+from experiments import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes on CPU (interpret mode): checks the script.")
@@ -44,7 +45,7 @@ flags.DEFINE_integer("value_dim", 128, "Value head dim.")
 flags.DEFINE_integer("assoc_max_t", 16, "Time 'assoc' only up to this length (t·h·k² floats).")
 flags.DEFINE_integer("repeats", 5, "Timed calls per point (median reported).")
 flags.DEFINE_float("budget_s", 240.0, "Skip remaining timings after this many seconds.")
-flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
+cli.define_json_out()
 
 SMOKE = dict(
     prefill_lengths=[40],  # two chunks of 32, the second one partial
@@ -116,31 +117,37 @@ def timed(fn, *args, repeats):
     return statistics.median(times), out
 
 
-def run_check(cfg: dict) -> dict:
-    """The whole check for one configuration; returns the JSON-able result."""
-    ops = import_ops()
-    from mtpspec.ops.gdn import pallas_gpu
+class Check:
+    """The check for one configuration: ``run()`` returns the JSON-able result."""
 
-    started = time.perf_counter()
-    over_budget = lambda: time.perf_counter() - started > cfg["budget_s"]  # noqa: E731
-    result = {
-        "backend": jax.default_backend(),
-        "device": jax.devices()[0].device_kind,
-        "jax": jax.__version__,
-        "config": {k: v for k, v in cfg.items() if k != "sweep"},
-        "prefill": [],
-        "windows": [],
-        "bf16": None,
-        "sweep": [],
-        "failures": [],
-    }
-    print(
-        f"gpu_check on {result['backend']} ({result['device']}), jax {result['jax']}, "
-        f"b={cfg['batch']} hk={cfg['key_heads']} hv={cfg['value_heads']} "
-        f"k={cfg['key_dim']} v={cfg['value_dim']}"
-    )
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+        self.ops = import_ops()
+        self.started = time.perf_counter()
+        self.result = {
+            "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind,
+            "jax": jax.__version__,
+            "config": {k: v for k, v in cfg.items() if k != "sweep"},
+            "prefill": [],
+            "windows": [],
+            "bf16": None,
+            "sweep": [],
+            "failures": [],
+        }
 
-    def method_fn(method, with_aux):
+    def over_budget(self) -> bool:
+        return time.perf_counter() - self.started > self.cfg["budget_s"]
+
+    def fail(self, what: str, error: Exception | None = None) -> None:
+        text = what if error is None else f"{what}: {type(error).__name__}: {error}"
+        self.result["failures"].append(text)
+        if error is not None:
+            print(f"ERROR {text}", flush=True)
+
+    def method_fn(self, method, with_aux):
+        ops = self.ops
+
         @jax.jit
         def fn(q, k, v, g, beta, s0):
             if with_aux:
@@ -151,29 +158,26 @@ def run_check(cfg: dict) -> dict:
 
         return fn
 
-    def time_row(kind, t, tol):
+    def time_row(self, kind, t, tol):
+        """Every method timed at length t; pallas checked against this run's recurrence."""
+        cfg = self.cfg
         inputs = make_inputs(cfg, t)
-        row = {"t": t}
-        outs = {}
+        row, outs = {"t": t}, {}
         for m in cfg["methods"]:
             if m == "assoc" and t > cfg["assoc_max_t"]:
                 row[m] = None
                 continue
-            if over_budget():
+            if self.over_budget():
                 row[m] = "budget"
                 continue
             try:
-                row[m], outs[m] = timed(
-                    method_fn(m, kind == "window"), *inputs, repeats=cfg["repeats"]
-                )
+                fn = self.method_fn(m, kind == "window")
+                row[m], outs[m] = timed(fn, *inputs, repeats=cfg["repeats"])
             except Exception as e:  # one failing method must not cost the rest of the run
                 row[m] = "error"
-                result["failures"].append(f"{kind} t={t} {m}: {type(e).__name__}: {e}")
-                print(f"ERROR {kind} t={t} {m}: {type(e).__name__}: {e}", flush=True)
-        # correctness of pallas against the reference outputs of this very run
-        ref_name = "recurrent"
-        if "pallas" in outs and ref_name in outs:
-            got, ref = outs["pallas"], outs[ref_name]
+                self.fail(f"{kind} t={t} {m}", e)
+        if "pallas" in outs and "recurrent" in outs:
+            got, ref = outs["pallas"], outs["recurrent"]
             errs = {"o": rel_err(got[0], ref[0]), "final": rel_err(got[1], ref[1])}
             if kind == "window":
                 errs["u"] = rel_err(got[2].u, ref[2].u)
@@ -181,15 +185,10 @@ def run_check(cfg: dict) -> dict:
             row["pallas_err"] = errs
             row["ok"] = all(e <= tol for e in errs.values())
             if not row["ok"]:
-                result["failures"].append(f"{kind} t={t}: {errs} > {tol}")
+                self.fail(f"{kind} t={t}: {errs} > {tol}")
         return row
 
-    methods = cfg["methods"]
-    header = f"{'kind':>8} {'T':>6} " + " ".join(f"{m + ' ms':>13}" for m in methods)
-    header += f" {'pallas/rec':>10} {'pallas/chunk':>12} {'pallas err':>10}"
-    print(header)
-
-    def show(kind, row):
+    def show(self, kind, row):
         def cell(m):
             x = row.get(m)
             if isinstance(x, float):
@@ -204,68 +203,80 @@ def run_check(cfg: dict) -> dict:
         err = row.get("pallas_err")
         err_txt = f"{max(err.values()):.1e}" if err else "-"
         print(
-            f"{kind:>8} {row['t']:>6} " + " ".join(cell(m) for m in methods)
+            f"{kind:>8} {row['t']:>6} " + " ".join(cell(m) for m in self.cfg["methods"])
             + f" {ratio('recurrent'):>10} {ratio('chunk'):>12} {err_txt:>10}",
             flush=True,
         )  # fmt: skip
 
-    for t in cfg["prefill_lengths"]:
-        row = time_row("prefill", t, PREFILL_TOL)
-        result["prefill"].append(row)
-        show("prefill", row)
-    for t in cfg["window_lengths"]:
-        row = time_row("window", t, WINDOW_TOL)
-        result["windows"].append(row)
-        show("window", row)
-    print("(pallas/rec, pallas/chunk: speed-up of pallas; window rows return GDNAux with states)")
-
-    # ---- bf16 rule at the first prefill length ------------------------------------------------
-    t = cfg["prefill_lengths"][0]
-    if not over_budget() and "pallas" in cfg["methods"]:
-        x16 = make_inputs(cfg, t, seed=1, dtype=jnp.bfloat16)
+    def bf16_rule(self, t):
+        """At length t: the kernel's bf16 error <= 1.5x the reference's own bf16 error."""
+        x16 = make_inputs(self.cfg, t, seed=1, dtype=jnp.bfloat16)
         x32 = tuple(x.astype(jnp.float32) for x in x16)
-        exact = method_fn("recurrent", False)(*x32)[0]
-        ref = method_fn("recurrent", False)(*x16)[0]
-        got = method_fn("pallas", False)(*x16)[0]
+        exact = self.method_fn("recurrent", False)(*x32)[0]
+        ref = self.method_fn("recurrent", False)(*x16)[0]
+        got = self.method_fn("pallas", False)(*x16)[0]
         ref_err, got_err = rel_err(ref, exact), rel_err(got, exact)
         ok = got_err <= 1.5 * ref_err + 1e-6
-        result["bf16"] = {"t": t, "ref_err": ref_err, "pallas_err": got_err, "ok": ok}
+        self.result["bf16"] = {"t": t, "ref_err": ref_err, "pallas_err": got_err, "ok": ok}
         print(f"bf16 t={t}: reference err {ref_err:.2e}, pallas err {got_err:.2e} -> ok={ok}")
         if not ok:
-            result["failures"].append(f"bf16 rule: {got_err} > 1.5 x {ref_err}")
+            self.fail(f"bf16 rule: {got_err} > 1.5 x {ref_err}")
 
-    # ---- kernel sweep: chunk size x value block x warps, at the first prefill length ---------
-    inputs = make_inputs(cfg, t)
-    interpret = jax.default_backend() == "cpu"
-    scale = cfg["key_dim"] ** -0.5
-    for chunk, block_v, warps in cfg["sweep"]:
-        point = {"chunk": chunk, "block_v": block_v, "num_warps": warps}
-        if over_budget():
-            result["sweep"].append({**point, "ms": "budget"})
-            continue
-        pcfg = pallas_gpu.PallasConfig(
-            scale=scale,
-            chunk=chunk,
-            return_states=False,
-            interpret=interpret,
-            block_v=block_v,
-            num_warps=warps,
+    def kernel_sweep(self, t):
+        """Chunk size x value block x warps of the kernel at length t."""
+        from mtpspec.ops.gdn import pallas_gpu
+
+        inputs = make_inputs(self.cfg, t)
+        for chunk, block_v, warps in self.cfg["sweep"]:
+            point = {"chunk": chunk, "block_v": block_v, "num_warps": warps}
+            if self.over_budget():
+                self.result["sweep"].append({**point, "ms": "budget"})
+                continue
+            pcfg = pallas_gpu.PallasConfig(
+                scale=self.cfg["key_dim"] ** -0.5, chunk=chunk, return_states=False,
+                interpret=jax.default_backend() == "cpu", block_v=block_v, num_warps=warps,
+            )  # fmt: skip
+            fn = jax.jit(lambda *a, pcfg=pcfg: pallas_gpu.gdn_pallas(*a, pcfg)[:2])
+            try:
+                sec, _ = timed(fn, *inputs, repeats=self.cfg["repeats"])
+            except Exception as e:
+                self.result["sweep"].append({**point, "ms": "error"})
+                self.fail(f"sweep {point}", e)
+                continue
+            self.result["sweep"].append({**point, "ms": sec * 1e3})
+            print(f"sweep t={t} {point}: {sec * 1e3:.3f} ms", flush=True)
+
+    def run(self) -> dict:
+        cfg, result = self.cfg, self.result
+        print(
+            f"gpu_check on {result['backend']} ({result['device']}), jax {result['jax']}, "
+            f"b={cfg['batch']} hk={cfg['key_heads']} hv={cfg['value_heads']} "
+            f"k={cfg['key_dim']} v={cfg['value_dim']}"
         )
-        fn = jax.jit(lambda *a, pcfg=pcfg: pallas_gpu.gdn_pallas(*a, pcfg)[:2])
-        try:
-            sec, _ = timed(fn, *inputs, repeats=cfg["repeats"])
-        except Exception as e:
-            result["sweep"].append({**point, "ms": "error"})
-            result["failures"].append(f"sweep {point}: {type(e).__name__}: {e}")
-            print(f"ERROR sweep {point}: {type(e).__name__}: {e}", flush=True)
-            continue
-        result["sweep"].append({**point, "ms": sec * 1e3})
-        print(f"sweep t={t} {point}: {sec * 1e3:.3f} ms", flush=True)
+        header = f"{'kind':>8} {'T':>6} " + " ".join(f"{m + ' ms':>13}" for m in cfg["methods"])
+        print(header + f" {'pallas/rec':>10} {'pallas/chunk':>12} {'pallas err':>10}")
+        for kind, lengths, tol, out in (
+            ("prefill", cfg["prefill_lengths"], PREFILL_TOL, result["prefill"]),
+            ("window", cfg["window_lengths"], WINDOW_TOL, result["windows"]),
+        ):
+            for t in lengths:
+                out.append(self.time_row(kind, t, tol))
+                self.show(kind, out[-1])
+        print("(pallas/rec, pallas/chunk: speed-up of pallas; window rows return GDNAux w/ states)")
+        t = cfg["prefill_lengths"][0]
+        if not self.over_budget() and "pallas" in cfg["methods"]:
+            self.bf16_rule(t)
+        self.kernel_sweep(t)
+        result["elapsed_s"] = time.perf_counter() - self.started
+        failures = result["failures"]
+        status = "FAILED: " + "; ".join(failures) if failures else "all checks ok"
+        print(f"{status} ({result['elapsed_s']:.1f} s)")
+        return result
 
-    result["elapsed_s"] = time.perf_counter() - started
-    status = "FAILED: " + "; ".join(result["failures"]) if result["failures"] else "all checks ok"
-    print(f"{status} ({result['elapsed_s']:.1f} s)")
-    return result
+
+def run_check(cfg: dict) -> dict:
+    """The whole check for one configuration; returns the JSON-able result."""
+    return Check(cfg).run()
 
 
 def config_from_flags() -> dict:
@@ -293,10 +304,7 @@ def main(argv):
     if FLAGS.cpu_smoke:
         jax.config.update("jax_platforms", "cpu")
     result = run_check(config_from_flags())
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {FLAGS.json_out}")
+    cli.write_json(result)
     return 1 if result["failures"] else 0
 
 

@@ -15,12 +15,11 @@ program gives those).
 
 from __future__ import annotations
 
-import json
-
 from absl import app, flags
 
+from experiments import cli
+from mtpspec import checkpoints, sharding
 from mtpspec import config as C
-from mtpspec import sharding
 
 MODELS = {"qwen3_next_80b": C.qwen3_next_80b_a3b, "qwen3_5_27b": C.qwen3_5_27b}
 FLAGS = flags.FLAGS
@@ -31,7 +30,7 @@ flags.DEFINE_integer("batch", 8, "Sequences in the decode state.")
 flags.DEFINE_integer("capacity", 32768, "Tokens per sequence (KV slots).")
 flags.DEFINE_string("dtype", "bfloat16", "Parameter dtype.")
 flags.DEFINE_bool("train", False, "Add AdamW moments and gradients (f32).")
-flags.DEFINE_string("json_out", None, "Write the rows as JSON here.")
+cli.define_json_out()
 
 GIB = 2**30
 
@@ -39,7 +38,7 @@ GIB = 2**30
 def main(argv):
     del argv
     if FLAGS.hf_config:
-        configs = {FLAGS.hf_config: C.from_hf_config(FLAGS.hf_config)}
+        configs = {FLAGS.hf_config: checkpoints.from_hf_config(FLAGS.hf_config)}
     else:
         unknown = [m for m in FLAGS.models if m not in MODELS]
         if unknown:
@@ -77,9 +76,7 @@ def main(argv):
             print(line + f" {est['total_bytes_per_device'] / GIB:>8.2f}Gi  {', '.join(rep) or '-'}")
             rows.append({"model": name, "mesh": text, **est})
     print("\n(GiB = 2^30 bytes; activations and XLA temporaries not included)")
-    if FLAGS.json_out:
-        with open(FLAGS.json_out, "w") as f:
-            json.dump(rows, f, indent=2)
+    cli.write_json(rows)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What the sharding rules do to one model on one mesh: the placement of every parameter kind
 and the collectives XLA inserted into the compiled generate programs.
 
-    python -m experiments.sharding_report --mesh=1x2 --simulate_devices=8
+    python -m experiments.sharding_report --mesh=1x2 --simulate_devices=8   # (the default mesh)
     python -m experiments.sharding_report --checkpoint=DIR --mesh=2x4
 
 ``--simulate_devices=N`` runs on N simulated CPU devices (sets XLA_FLAGS before JAX starts).
@@ -23,28 +23,22 @@ if __name__ == "__main__":  # must happen before JAX initialises its backend
 
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
-import pathlib  # noqa: E402
 import re  # noqa: E402
 
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-import mtpspec  # noqa: E402
-from mtpspec import checkpoints, sharding  # noqa: E402
-from mtpspec.decoding import loop  # noqa: E402
+from experiments import cli  # noqa: E402
+from mtpspec import checkpoints, decoding, sharding  # noqa: E402
 from mtpspec.models import init_params  # noqa: E402
 
-ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", str(ASSETS / "default_model"), "Model directory.")
-flags.DEFINE_string("mesh", "1x2", "DATAxMODEL.")
+cli.define_checkpoint()
+cli.define_speculation()
+cli.define_mesh()
 flags.DEFINE_integer("simulate_devices", None, "Simulated CPU devices (read before JAX starts).")
-flags.DEFINE_integer("num_draft", 2, "k of the speculative program (MTP, commit states).")
 flags.DEFINE_list(
     "override", None, "Diagnostic: config fields NAME=INT (random weights of that shape)."
-)
-flags.DEFINE_bool(
-    "replicate_gdn_channels", False, "Diagnostic: keep GDN w_qkv / conv replicated on model."
 )
 
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
@@ -53,15 +47,13 @@ _OP = re.compile(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 
 def main(argv):
     del argv
-    d, m = sharding.parse_mesh(FLAGS.mesh)
+    d, m = sharding.parse_mesh(FLAGS.mesh or "1x2")
     mesh = sharding.make_mesh(d, m, devices=jax.devices()[: d * m])
     config, params = checkpoints.load(FLAGS.checkpoint)
     if FLAGS.override:
         fields = {k: int(v) for k, v in (item.split("=", 1) for item in FLAGS.override)}
         config = dataclasses.replace(config, **fields)
         params = init_params(config, jax.random.key(0))
-    if FLAGS.replicate_gdn_channels:
-        sharding._gdn_channels_split = lambda config, m: None
     params = sharding.shard_params(config, params, mesh)
     print(f"model {FLAGS.checkpoint}: {config.num_layers} layers, mesh {FLAGS.mesh}")
     seen = {}
@@ -71,13 +63,14 @@ def main(argv):
     for kind, row in seen.items():
         flag = "  (replicated: count does not divide)" if row["replicated_on_model"] else ""
         print(f"  {kind:<42} {str(row['shape']):<16} {str(row['spec']):<22}{flag}")
-    spec = mtpspec.SpecConfig(proposer="mtp", num_draft=FLAGS.num_draft, commit="states")
-    for name, sp in (("plain", None), (f"mtp k={FLAGS.num_draft}", spec)):
-        static, arrays = loop._prepare(
-            config, params, [[1, 2, 3]], 16, sp, 0.0, 0, 1.0, None, mesh, None
+    k = cli.one(cli.num_drafts(), "num_draft")
+    proposer = cli.one(cli.proposers(), "proposer")
+    spec = decoding.SpecConfig(proposer, k, cli.one(cli.commits(), "commit"))
+    for name, sp in (("plain", None), (f"{proposer} k={k}", spec)):
+        prepared = decoding.prepare(
+            config, params, [[1, 2, 3]], max_new_tokens=16, speculative=sp, mesh=mesh
         )
-        args = loop._device_args(static, params, None, arrays, 0)
-        text = loop._program.lower(static, *args).compile().as_text()
+        text = prepared.lower().compile().as_text()
         counts = collections.Counter(_OP.findall(text))
         print(f"collectives in the {name} program: " + ", ".join(
             f"{counts.get(c, 0)} {c}" for c in COLLECTIVES))  # fmt: skip

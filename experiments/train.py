@@ -3,7 +3,7 @@
     python -m experiments.train --workdir=/tmp/run --steps=2000          # the default model's shape
     python -m experiments.train --workdir=/tmp/run --steps=2000          # again: resumes
     python -m experiments.train --workdir=/tmp/run2 --preset=tiny --steps=20 --save_every=5
-    python -m experiments.train --workdir=/tmp/run3 --mesh=2x4   # sharded; see mesh_flags.py
+    python -m experiments.train --workdir=/tmp/run3 --mesh=2x4   # sharded; see cli.py
 
 The final params land in WORKDIR/final (``mtpspec.checkpoints.restore_params``); per-step losses in
 WORKDIR/metrics.jsonl. Kill it at any point (even SIGKILL) and start the same command again: it
@@ -17,11 +17,12 @@ import pathlib
 
 from absl import app, flags
 
-from experiments import mesh_flags
+from experiments import cli
 from mtpspec import config as C
 from mtpspec.training import TrainConfig, load_corpus, train
 
 FLAGS = flags.FLAGS
+cli.define_mesh()
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, final params).")
 flags.DEFINE_enum("preset", "default", ["default", "tiny"], "Model shape.")
 flags.DEFINE_string(
@@ -55,7 +56,7 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
     del argv
-    mesh = mesh_flags.setup_mesh()  # first: multi-host start-up precedes any JAX work
+    mesh = cli.setup_mesh()  # first: multi-host start-up precedes any JAX work
     model = C.default_model() if FLAGS.preset == "default" else C.tiny_hybrid(vocab_size=256)
     init = None
     if FLAGS.init:

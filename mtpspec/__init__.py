@@ -2,13 +2,18 @@
 
 Table of contents:
   mtpspec.ops          the gated delta rule in every form, causal conv1d, norms (pure math)
-  mtpspec.config       ModelConfig (Qwen3-Next / Qwen3.5), from_hf_config, presets
+  mtpspec.config       ModelConfig (Qwen3-Next / Qwen3.5), presets
   mtpspec.models       parameters, layers, decoder + MTP head, decode state, prefill/step/window
-  mtpspec.checkpoints  load_hf (HF safetensors, both families, mtp.*), orbax save/restore
-  mtpspec.decoding     generate / generate_stream, SpecConfig, commit strategies, proposers
+  mtpspec.checkpoints  load_hf / save_hf (HF safetensors, both families, mtp.*), the HF config
+                       mapping both ways, orbax save/restore
+  mtpspec.tokenizers   ByteTokenizer, HFTokenizer
+  mtpspec.decoding     generate / generate_stream / prepare, SpecConfig, the stages of a verify
+                       step, commit strategies, proposers (one module each)
+  mtpspec.training     offline corpus, optax training with an MTP loss, orbax resume
   mtpspec.sharding     (data, model) mesh rules for params and decode state, memory estimates
+  mtpspec.analysis     timing, cost pieces, sweeps, the acceptance model, plots
 
-  mtpspec.generate, mtpspec.SpecConfig   the main entry points (see DESIGN.md)
+  mtpspec.generate, mtpspec.SpecConfig   the main entry points (docs/design.md in the repository)
 """
 
 from mtpspec import checkpoints, config, decoding, models, ops, sharding

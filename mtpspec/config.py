@@ -1,17 +1,13 @@
 """Model configuration: one frozen dataclass for Qwen3-Next (MoE) and Qwen3.5 (dense) text models.
 
-Built from an HF ``config.json`` (``from_hf_config``; v5 and legacy key styles, and the released
-Qwen3.5 layout with a nested ``text_config``) or from a preset (``tiny_hybrid``). Variants via
-``dataclasses.replace``.
+Built from a preset (``tiny_hybrid``, ``default_model``, the published shapes) or from an HF
+``config.json`` (``checkpoints.from_hf_config``; both directions of that mapping live in
+``checkpoints/hf_config.py``). Variants via ``dataclasses.replace``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from collections.abc import Mapping
-from typing import Any
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
@@ -135,95 +131,6 @@ class ModelConfig:
             self.dtype in ("float32", "bfloat16"),
             f"dtype must be float32 or bfloat16, got {self.dtype!r}",
         )
-
-
-def _get(cfg: Mapping[str, Any], key: str, default=None, *, required: bool = False):
-    if key in cfg and cfg[key] is not None:
-        return cfg[key]
-    if required:
-        raise ValueError(f"HF config is missing required key {key!r}")
-    return default
-
-
-def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
-    """ModelConfig from an HF config dict, a config.json path, or a checkpoint directory."""
-    if not isinstance(cfg, Mapping):
-        path = os.fspath(cfg)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path) as f:
-                cfg = json.load(f)
-        except FileNotFoundError as e:
-            raise OSError(f"no HF config at {path}") from e
-        except json.JSONDecodeError as e:
-            raise ValueError(f"HF config {path} is not valid JSON: {e}") from e
-    model_type = cfg.get("model_type")
-    top = cfg
-    if "text_config" in cfg:  # released Qwen3.5 layout (ConditionalGeneration)
-        cfg = {**cfg["text_config"]}
-        model_type = cfg.get("model_type", model_type)
-    if model_type in ("qwen3_next",):
-        family = "qwen3_next"
-    elif model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_moe"):
-        family = "qwen3_5"
-    else:
-        raise ValueError(f"unsupported model_type {model_type!r}: expected qwen3_next or qwen3_5")
-
-    n = int(_get(cfg, "num_hidden_layers", required=True))
-    layer_types = _get(cfg, "layer_types")
-    if layer_types is None:
-        interval = int(_get(cfg, "full_attention_interval", 4))
-        layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
-    if len(layer_types) != n:
-        raise ValueError(f"layer_types has {len(layer_types)} entries, num_hidden_layers is {n}")
-
-    rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
-    if rope.get("rope_type", "default") not in ("default",) and "mrope_section" not in rope:
-        raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}")
-    rope_theta = float(rope.get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
-    partial = float(rope.get("partial_rotary_factor", _get(cfg, "partial_rotary_factor", 0.25)))
-
-    num_experts = int(_get(cfg, "num_experts", 0))
-    mlp_only = set(_get(cfg, "mlp_only_layers", []) or [])
-    sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
-
-    def mlp_type(i: int) -> str:
-        if family == "qwen3_5" or num_experts == 0:
-            return "dense"
-        return "moe" if i not in mlp_only and (i + 1) % sparse_step == 0 else "dense"
-
-    mtp_layers = _get(cfg, "mtp_num_hidden_layers", _get(cfg, "num_nextn_predict_layers", 1))
-    tie = _get(cfg, "tie_word_embeddings", _get(top, "tie_word_embeddings", False))
-    dtype = _get(cfg, "dtype", _get(cfg, "torch_dtype", "float32"))
-    return ModelConfig(
-        family=family,
-        vocab_size=int(_get(cfg, "vocab_size", required=True)),
-        hidden_size=int(_get(cfg, "hidden_size", required=True)),
-        layer_types=tuple(layer_types),
-        mlp_types=tuple(mlp_type(i) for i in range(n)),
-        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
-        num_attention_heads=int(_get(cfg, "num_attention_heads", required=True)),
-        num_key_value_heads=int(_get(cfg, "num_key_value_heads", required=True)),
-        head_dim=int(_get(cfg, "head_dim", required=True)),
-        rope_theta=rope_theta,
-        partial_rotary_factor=partial,
-        linear_num_key_heads=int(_get(cfg, "linear_num_key_heads", required=True)),
-        linear_num_value_heads=int(_get(cfg, "linear_num_value_heads", required=True)),
-        linear_key_head_dim=int(_get(cfg, "linear_key_head_dim", required=True)),
-        linear_value_head_dim=int(_get(cfg, "linear_value_head_dim", required=True)),
-        linear_conv_kernel_dim=int(_get(cfg, "linear_conv_kernel_dim", 4)),
-        intermediate_size=int(_get(cfg, "intermediate_size", 0)),
-        num_experts=num_experts,
-        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 0)),
-        moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 0)),
-        shared_expert_intermediate_size=int(_get(cfg, "shared_expert_intermediate_size", 0)),
-        norm_topk_prob=bool(_get(cfg, "norm_topk_prob", True)),
-        mtp_mlp_type=mlp_type(0),
-        tie_word_embeddings=bool(tie),
-        mtp_num_layers=int(mtp_layers),
-        dtype="bfloat16" if str(dtype) in ("bfloat16", "torch.bfloat16") else "float32",
-    )
 
 
 def tiny_hybrid(**overrides) -> ModelConfig:

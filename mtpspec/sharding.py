@@ -35,7 +35,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mtpspec.config import FULL, ModelConfig
-from mtpspec.models.params import param_shapes
+from mtpspec.models.params import check_param_tree, param_shapes
 from mtpspec.models.state import AttentionCache, DecodeState, GDNCache, init_decode_state
 
 DATA, MODEL = "data", "model"
@@ -277,27 +277,6 @@ def place_host_array(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
     on multi-host runs each process places only its addressable shards)."""
     value = np.asarray(value)
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
-
-
-def check_param_tree(config: ModelConfig, params) -> None:
-    want = param_shapes(config)
-    want_struct = jax.tree.structure(want, is_leaf=_is_shape)
-    got_struct = jax.tree.structure(params)
-    if want_struct != got_struct:
-        raise ValueError(
-            "params do not have the tree of this config's parameters "
-            f"(expected {want_struct.num_leaves} leaves, got {got_struct.num_leaves})"
-        )
-    for (path, shape), x in zip(
-        jax.tree_util.tree_flatten_with_path(want, is_leaf=_is_shape)[0],
-        jax.tree.leaves(params),
-        strict=True,
-    ):
-        if tuple(np.shape(x)) != shape:
-            raise ValueError(
-                f"param {jax.tree_util.keystr(path)} has shape {tuple(np.shape(x))}, "
-                f"config says {shape}"
-            )
 
 
 # ---- decode state rules -------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [
         sys.executable, "-m", "experiments.bench_speculative",
-        "--checkpoint=tests/fixtures/hf/qwen3_5", "--ks=1", "--commits=states,replay",
+        "--checkpoint=tests/fixtures/hf/qwen3_5", "--num_draft=1", "--commit=states,replay",
         "--max_new_tokens=16", "--repeats=1", "--piece_iters=2", "--num_prompts=1",
         "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}",
     ]  # fmt: skip

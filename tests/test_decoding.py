@@ -294,3 +294,65 @@ def test_zero_new_tokens_returns_empty(moe_model):
     config, params = moe_model
     result = mtpspec.generate(config, params, PROMPTS, max_new_tokens=0)
     assert result.tokens == [[], []]
+
+
+def test_compile_cache_is_a_bounded_lru(moe_model):
+    """Beyond ``set_compile_cache_size`` entries the least recently used program is dropped
+    (and compiled again when asked for); recently used ones stay."""
+    config, params = moe_model
+    cache = mtpspec.decoding.program.CACHE
+    old_size = cache.maxsize
+    run = lambda n: mtpspec.generate(config, params, [[1, 2]], max_new_tokens=n)  # noqa: E731
+    try:
+        mtpspec.decoding.set_compile_cache_size(2)
+        run(16), run(32)  # two programs (output buckets 16 and 32)
+        before = mtpspec.decoding.compile_count()
+        run(16)  # cached; now the most recently used
+        assert mtpspec.decoding.compile_count() == before
+        run(48)  # a third: evicts 32, the least recently used
+        assert mtpspec.decoding.compile_count() == before + 1 and len(cache) == 2
+        run(16)
+        assert mtpspec.decoding.compile_count() == before + 1  # still cached
+        run(32)
+        assert mtpspec.decoding.compile_count() == before + 2  # was evicted: compiled again
+        with pytest.raises(ValueError, match="cache size"):
+            mtpspec.decoding.set_compile_cache_size(0)
+    finally:
+        mtpspec.decoding.set_compile_cache_size(old_size)
+
+
+# ---- a new proposer is one module ---------------------------------------------------------------
+
+
+def test_a_new_proposer_is_one_module_registered_from_outside(moe_model, plain_moe):
+    """What docs/design.md promises: a proposer defined in one module (this test file), with no
+    change anywhere else, runs in the on-device loop and keeps greedy exact. This one repeats the
+    last token k times and carries a per-sequence count of its own proposals in its state."""
+    import dataclasses
+    from typing import ClassVar
+
+    from mtpspec.decoding import proposers
+
+    @proposers.register
+    @dataclasses.dataclass(frozen=True)
+    class RepeatProposer(proposers.Proposer):
+        name: ClassVar[str] = "repeat_for_test"
+
+        def init(self, s, params, pparams, pre, key):
+            return jnp.zeros_like(pre.lengths), pre.state
+
+        def propose(self, s, params, pparams, pstate, state, pending, active, key):
+            drafts = jnp.tile(pending[:, None], (1, s.k))
+            return proposers.Proposal(drafts, jnp.zeros(drafts.shape + (0,), jnp.float32))
+
+        def update(self, s, params, pparams, pstate, scratch, done, key):
+            return pstate + (done.n > 0), done.state
+
+    try:
+        config, params = moe_model
+        spec = mtpspec.SpecConfig(proposer="repeat_for_test", num_draft=2)
+        result = mtpspec.generate(config, params, PROMPTS, max_new_tokens=24, speculative=spec)
+        assert result.tokens == plain_moe.tokens
+        assert len(result.stats["position_acceptance"]) == 2
+    finally:
+        proposers.base._REGISTRY.pop("repeat_for_test")

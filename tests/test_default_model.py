@@ -12,7 +12,8 @@ import numpy as np
 import mtpspec
 from mtpspec import checkpoints
 from mtpspec import config as C
-from mtpspec.training import ByteTokenizer, losses
+from mtpspec.tokenizers import ByteTokenizer
+from mtpspec.training import losses
 
 ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
 

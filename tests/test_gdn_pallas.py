@@ -127,7 +127,29 @@ def test_wrong_mask_kernel_fails_the_comparison(monkeypatch):
     assert rel_err(bad[0], ref_o) > 1e-2 and rel_err(bad[1], ref_s) > 1e-2
 
 
-def test_auto_picks_pallas_only_on_gpu_and_says_so(monkeypatch, caplog):
+def test_auto_does_not_pick_pallas_until_a_gpu_check_has_passed():
+    # The kernel has only run in interpret mode: "auto" keeps to the chunked form on GPU until
+    # a recorded GPU check passes (then api.AUTO_PALLAS_PLATFORMS = ("gpu",); BUILD_NOTES.md).
+    assert api.AUTO_PALLAS_PLATFORMS == ()
+    assert ops.resolve_gdn_method(4096, "gpu") == "chunk"
+    assert ops.resolve_gdn_method(2, "gpu") == "chunk"
+    assert ops.resolve_gdn_method(1, "gpu") == "recurrent"
+
+
+def test_gdn_method_for_a_mesh_refuses_pallas_and_resolves_auto():
+    assert ops.gdn_method_for("pallas", 4) == "pallas"  # one device: as asked
+    assert ops.gdn_method_for("auto", 4) == "auto"  # resolved per call, with its dtypes
+    assert ops.gdn_method_for("auto", 1, sharded=True) == "recurrent"
+    assert ops.gdn_method_for("auto", 3, sharded=True) == "chunk"
+    assert ops.gdn_method_for("recurrent", 3, sharded=True) == "recurrent"
+    with pytest.raises(ValueError, match="cannot run under a device mesh"):
+        ops.gdn_method_for("pallas", 3, sharded=True)
+    with pytest.raises(ValueError, match="unknown GDN method"):
+        ops.gdn_method_for("fast", 3)
+
+
+def test_auto_picks_pallas_on_an_enabled_platform_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(api, "AUTO_PALLAS_PLATFORMS", ("gpu",))  # as after a passed GPU check
     assert ops.resolve_gdn_method(4096, "gpu") == "pallas"
     assert ops.resolve_gdn_method(2, "gpu") == "pallas"  # verify windows too
     assert ops.resolve_gdn_method(1, "gpu") == "recurrent"  # a decode step
@@ -215,7 +237,7 @@ def test_model_verify_window_with_pallas_equals_chunk_including_commit_data():
         )
 
     ref, got = window("chunk"), window("pallas")
-    assert got.commit[0]["aux"].states.shape[:2] == (2, 5)
+    assert got.commit[0].aux.states.shape[:2] == (2, 5)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         assert np.array_equal(a, b) if a.dtype == jnp.int32 else rel_err(a, b) <= TOL

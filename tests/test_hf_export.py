@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
-from mtpspec.checkpoints import hf_config_dict, load_hf, save_hf
+from mtpspec.checkpoints import from_hf_config, hf_config_dict, load_hf, save_hf
 from mtpspec.checkpoints.hf_export import hf_tensors
-from mtpspec.config import FULL, LINEAR, from_hf_config, tiny_hybrid, tiny_moe
+from mtpspec.config import FULL, LINEAR, tiny_hybrid, tiny_moe
 from mtpspec.models.params import param_shapes
-from mtpspec.training.data import ByteTokenizer, byte_tokenizer_json
+from mtpspec.tokenizers import ByteTokenizer, byte_tokenizer_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIX = os.path.join(ROOT, "tests", "fixtures", "hf")
@@ -163,13 +163,13 @@ def test_overwrite_replaces_an_earlier_sharded_export(tmp_path):
 def test_every_spec_inverse_undoes_its_import(family, fused_experts):
     """inv(fn(hf tensors)) == the HF tensors for every entry of load_hf's table, including the
     fused-expert layout (import only) that export never writes."""
-    from mtpspec.checkpoints.hf import _model_specs
+    from mtpspec.checkpoints.hf import model_specs
 
     config = tiny_moe(family=family) if family == "qwen3_next" else tiny_hybrid()
     prefixes = [f"model.layers.{i}.mlp." for i in range(config.num_layers)] + ["mtp.layers.0.mlp."]
     names = {p + "experts.gate_up_proj" for p in prefixes} if fused_experts else set()
     rng = np.random.default_rng(0)
-    specs = _model_specs(config, "model.", names)
+    specs = model_specs(config, "model.", names)
     assert any("experts.gate_up_proj" in n for s in specs for n in s.names) == (
         fused_experts and family == "qwen3_next"
     )

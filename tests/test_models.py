@@ -225,4 +225,4 @@ def test_config_rejects_bad_values():
             layer_types=("linear_attention", "mamba", "linear_attention", "full_attention")
         )
     with pytest.raises(ValueError, match="unsupported model_type"):
-        C.from_hf_config({"model_type": "llama"})
+        checkpoints.from_hf_config({"model_type": "llama"})

@@ -105,7 +105,7 @@ def test_bad_meshes_raise_clear_errors():
         generate(config, params, [[1, 2]], max_new_tokens=4, mesh=bad)
     mesh = sharding.make_mesh(1, 1)
     other = init_params(tiny_moe(), jax.random.key(0))
-    with pytest.raises(ValueError, match="tree of this config"):
+    with pytest.raises(ValueError, match="parameter tree"):
         generate(config, other, [[1, 2]], max_new_tokens=4, mesh=mesh)
     pallas = SpecConfig(proposer="mtp", num_draft=2, verify_method="pallas")
     with pytest.raises(ValueError, match="not partitioned"):

@@ -17,7 +17,8 @@ import pytest
 
 from mtpspec import config as C
 from mtpspec import models
-from mtpspec.training import ByteTokenizer, TrainConfig, build_manifest, load_corpus
+from mtpspec.tokenizers import ByteTokenizer
+from mtpspec.training import TrainConfig, build_manifest, load_corpus
 from mtpspec.training import data as data_lib
 from mtpspec.training.train import make_optimizer, make_train_step
 

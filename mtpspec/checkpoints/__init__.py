@@ -1,11 +1,19 @@
-"""Checkpoints: HF safetensors import (``load_hf``) and export (``save_hf``), and orbax save /
-restore of the param tree."""
+"""Checkpoints: HF safetensors import (``load_hf``) and export (``save_hf``), the HF config mapping
+both ways (``from_hf_config`` / ``hf_config_dict``), and orbax save / restore of the param tree."""
 
 from mtpspec.checkpoints.hf import load_hf
-from mtpspec.checkpoints.hf_export import hf_config_dict, save_hf
+from mtpspec.checkpoints.hf_config import from_hf_config, hf_config_dict
+from mtpspec.checkpoints.hf_export import save_hf
 from mtpspec.checkpoints.orbax_io import restore_params, save_params
 
-__all__ = ["hf_config_dict", "load_hf", "restore_params", "save_hf", "save_params"]
+__all__ = [
+    "from_hf_config",
+    "hf_config_dict",
+    "load_hf",
+    "restore_params",
+    "save_hf",
+    "save_params",
+]
 
 
 def load(path, *, mesh=None):

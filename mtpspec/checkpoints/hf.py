@@ -38,8 +38,9 @@ import numpy as np
 from safetensors import safe_open
 
 from mtpspec import sharding
-from mtpspec.config import FULL, ModelConfig, from_hf_config
-from mtpspec.models.params import param_shapes
+from mtpspec.checkpoints.hf_config import from_hf_config
+from mtpspec.config import FULL, ModelConfig
+from mtpspec.models.params import check_param_tree
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -47,7 +48,7 @@ _DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
-class _Spec:
+class TensorSpec:
     """HF tensors ``names`` (with on-disk ``shapes``) -> canonical leaves ``outs`` via ``fn``;
     ``inv`` is the exact inverse (canonical leaves -> HF tensors), used by ``save_hf``. Keeping
     both directions in one table is what makes export write exactly the layout import reads."""
@@ -67,12 +68,12 @@ def _ident(w):
     return (w,)
 
 
-def _one(out: tuple, name: str, shape: tuple, fn=_ident, inv=None) -> _Spec:
+def _one(out: tuple, name: str, shape: tuple, fn=_ident, inv=None) -> TensorSpec:
     """One tensor <-> one leaf; ``fn`` defaults to identity, ``inv`` to ``fn`` (self-inverse)."""
-    return _Spec((out,), (name,), (tuple(shape),), fn, inv or fn)
+    return TensorSpec((out,), (name,), (tuple(shape),), fn, inv or fn)
 
 
-def _linear(out: tuple, name: str, n_in: int, n_out: int) -> _Spec:
+def _linear(out: tuple, name: str, n_in: int, n_out: int) -> TensorSpec:
     """An HF Linear [out, in] <-> ours [in, out]."""
     return _one(out, name, (n_out, n_in), _t)
 
@@ -81,7 +82,7 @@ def _linear(out: tuple, name: str, n_in: int, n_out: int) -> _Spec:
 # per-module specs
 
 
-def _dense_specs(base: tuple, p: str, h: int, i: int) -> list[_Spec]:
+def _dense_specs(base: tuple, p: str, h: int, i: int) -> list[TensorSpec]:
     return [
         _linear((*base, "w_gate"), f"{p}gate_proj.weight", h, i),
         _linear((*base, "w_up"), f"{p}up_proj.weight", h, i),
@@ -89,7 +90,7 @@ def _dense_specs(base: tuple, p: str, h: int, i: int) -> list[_Spec]:
     ]
 
 
-def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> list[_Spec]:
+def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> list[TensorSpec]:
     h, e, im = config.hidden_size, config.num_experts, config.moe_intermediate_size
     specs = [_linear((*base, "router"), f"{p}gate.weight", h, e)]
     fused = f"{p}experts.gate_up_proj"
@@ -102,7 +103,7 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
             return (np.concatenate([w_gate, w_up], axis=2).transpose(0, 2, 1),)
 
         specs.append(
-            _Spec(
+            TensorSpec(
                 ((*base, "w_gate"), (*base, "w_up")),
                 (fused,),
                 ((e, 2 * im, h),),
@@ -132,7 +133,7 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
             ("w_down", "down_proj", (h, im)),
         ):
             specs.append(
-                _Spec(
+                TensorSpec(
                     ((*base, ours),),
                     tuple(f"{p}experts.{j}.{theirs}.weight" for j in range(e)),
                     (shape,) * e,
@@ -148,7 +149,7 @@ def _moe_specs(config: ModelConfig, base: tuple, p: str, names: set[str]) -> lis
     return specs
 
 
-def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
+def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[TensorSpec]:
     h, hd, hq, hkv = (
         config.hidden_size,
         config.head_dim,
@@ -165,7 +166,7 @@ def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
         return (w.reshape(hq * 2 * hd, h),)
 
     return [
-        _Spec(
+        TensorSpec(
             ((*base, "w_q"), (*base, "w_gate")),
             (f"{p}q_proj.weight",),
             ((hq * 2 * hd, h),),
@@ -180,7 +181,7 @@ def _attn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
     ]
 
 
-def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
+def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[TensorSpec]:
     h = config.hidden_size
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
@@ -214,14 +215,14 @@ def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
             return (np.concatenate([b, a], axis=1).reshape(2 * hv, h),)
 
         specs += [
-            _Spec(
+            TensorSpec(
                 ((*base, "w_qkv"), (*base, "w_z")),
                 (f"{p}in_proj_qkvz.weight",),
                 ((hk * group, h),),
                 split_qkvz,
                 interleave_qkvz,
             ),
-            _Spec(
+            TensorSpec(
                 ((*base, "w_b"), (*base, "w_a")),
                 (f"{p}in_proj_ba.weight",),
                 ((2 * hv, h),),
@@ -254,7 +255,7 @@ def _gdn_specs(config: ModelConfig, base: tuple, p: str) -> list[_Spec]:
 
 def _layer_specs(
     config: ModelConfig, base: tuple, p: str, layer_type: str, mlp_type: str, names: set[str]
-) -> list[_Spec]:
+) -> list[TensorSpec]:
     h = config.hidden_size
     specs = [
         _one((*base, "input_norm"), f"{p}input_layernorm.weight", (h,)),
@@ -271,7 +272,7 @@ def _layer_specs(
     return specs
 
 
-def _model_specs(config: ModelConfig, prefix: str, names: set[str]) -> list[_Spec]:
+def model_specs(config: ModelConfig, prefix: str, names: set[str]) -> list[TensorSpec]:
     h, v = config.hidden_size, config.vocab_size
     specs = [
         _one(("embed",), f"{prefix}embed_tokens.weight", (v, h)),
@@ -370,26 +371,6 @@ def _set(tree: dict, path: tuple, value) -> None:
     node[path[-1]] = value
 
 
-def _check_tree(params: dict, config: ModelConfig) -> None:
-    expected = param_shapes(config)
-
-    def is_shape(x):
-        return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
-
-    want = dict(jax.tree_util.tree_flatten_with_path(expected, is_leaf=is_shape)[0])
-    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-    if want.keys() != got.keys():
-        missing = sorted(jax.tree_util.keystr(k) for k in want.keys() - got.keys())
-        extra = sorted(jax.tree_util.keystr(k) for k in got.keys() - want.keys())
-        raise ValueError(f"parameter tree mismatch: missing {missing}, unexpected {extra}")
-    for k, shape in want.items():
-        if tuple(got[k].shape) != shape:
-            raise ValueError(
-                f"parameter {jax.tree_util.keystr(k)} has shape {tuple(got[k].shape)}, "
-                f"expected {shape}"
-            )
-
-
 def load_hf(
     path: str | os.PathLike,
     *,
@@ -438,7 +419,7 @@ def load_hf(
     shardings = None
     if mesh is not None:
         shardings = sharding.param_shardings(config, mesh)
-    specs = _model_specs(config, prefix, names)
+    specs = model_specs(config, prefix, names)
     needed = [n for s in specs for n in s.names]
     missing = [n for n in needed if n not in names]
     if missing:
@@ -478,5 +459,5 @@ def load_hf(
                 else:
                     leaf = functools.reduce(lambda t, k: t[k], out_path, shardings)
                     _set(params, out_path, sharding.place_host_array(value, leaf))
-    _check_tree(params, config)
+    check_param_tree(config, params)
     return config, params

@@ -10,7 +10,7 @@ The output is exactly what ``load_hf`` reads and what transformers' ``Qwen3NextF
   ``ValueError`` naming the fields, raised before any file is written.
 * ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards plus
   ``model.safetensors.index.json`` when the tensors exceed ``max_shard_bytes``. The tensor
-  mapping is the inverse half of ``load_hf``'s own spec table (``hf._Spec.inv``): Qwen3-Next's
+  mapping is the inverse half of ``load_hf``'s own spec table (``hf.TensorSpec.inv``): Qwen3-Next's
   ``in_proj_qkvz`` / ``in_proj_ba`` interleaved per key-head group, Qwen3.5's split
   ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_a`` / ``in_proj_b``, attention ``q_proj`` with
   query and gate rows interleaved per head, Linear weights [out, in], (1 + w) norms stored
@@ -18,7 +18,7 @@ The output is exactly what ``load_hf`` reads and what transformers' ``Qwen3NextF
   per-expert tensors (what HF's ``save_pretrained`` and every released checkpoint use), and
   ``mtp.*`` at the top level. Tied models write no ``lm_head.weight``.
 * optionally the tokenizer: ``tokenizer.json`` + ``tokenizer_config.json``; for the byte-level
-  tokenizer a faithful ``tokenizers``-format equivalent (``training.data.byte_tokenizer_json``).
+  tokenizer a faithful ``tokenizers``-format equivalent (``tokenizers.byte_tokenizer_json``).
 
 The safetensors files are written by this module directly from the format's specification
 (8-byte little-endian header length, JSON header, contiguous data), so the output does not
@@ -36,162 +36,17 @@ import struct
 import jax
 import numpy as np
 
-from mtpspec.checkpoints.hf import INDEX_FILE, SINGLE_FILE, _check_tree, _model_specs
-from mtpspec.config import FAMILIES, ModelConfig, from_hf_config
+from mtpspec.checkpoints.hf import INDEX_FILE, SINGLE_FILE, model_specs
+from mtpspec.checkpoints.hf_config import DEFAULT_MAX_POSITION_EMBEDDINGS, hf_config_dict
+from mtpspec.config import ModelConfig
+from mtpspec.models.params import check_param_tree
+from mtpspec.tokenizers import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 
 # HF's save_pretrained default in transformers 4.x (the released Qwen repos use ~4-5 GB shards).
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
-# HF's class default for both families; vLLM takes its default max_model_len from it.
-DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
 _DTYPES = ("float32", "bfloat16")
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
-_MTP_KEY = {"qwen3_5": "mtp_num_hidden_layers", "qwen3_next": "num_nextn_predict_layers"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-# --------------------------------------------------------------------------------------------
-# config
-
-
-def _mrope_section(rotary_dim: int) -> list[int]:
-    """Qwen3.5's 3-way split of the rotary frequencies (t, h, w), as the released configs split
-    them ([11, 11, 10] of 32). For text all three position streams are equal, so the split does
-    not change the result; it only has to cover rotary_dim / 2."""
-    s = rotary_dim // 2
-    return [(s + 2) // 3, (s + 1) // 3, s // 3]
-
-
-def _family_errors(config: ModelConfig, family: str) -> list[str]:
-    """What the family's HF code cannot express, in words (checked before the generic read-back,
-    so the common cases get a specific message)."""
-    errors = []
-    moe_layers = [i for i, t in enumerate(config.mlp_types) if t == "moe"]
-    if family == "qwen3_5":
-        if moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe"):
-            errors.append(
-                f"family 'qwen3_5' (Qwen3_5ForCausalLM) has dense MLPs only, but the config has "
-                f"MoE layers {moe_layers} (MTP MLP {config.mtp_mlp_type!r}); export it as "
-                f"family='qwen3_next'"
-            )
-    else:
-        uses_moe = moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe")
-        if uses_moe and not config.shared_expert_intermediate_size:
-            errors.append(
-                "family 'qwen3_next' MoE blocks always have a shared expert "
-                "(Qwen3NextSparseMoeBlock), but shared_expert_intermediate_size is 0"
-            )
-        first = config.mlp_types[0]
-        if config.mtp_mlp_type != first:
-            errors.append(
-                f"family 'qwen3_next' builds the MTP layer's MLP like layer 0's (vLLM builds it "
-                f"with layer index 0), so mtp_mlp_type must equal mlp_types[0] ({first!r}), "
-                f"got {config.mtp_mlp_type!r}"
-            )
-    return errors
-
-
-def hf_config_dict(
-    config: ModelConfig,
-    *,
-    family: str | None = None,
-    dtype: str | None = None,
-    max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
-) -> dict:
-    """The ``config.json`` dict for ``config`` written as ``family`` with weights stored in
-    ``dtype`` (default: the config's own). Pure: writes nothing.
-
-    Raises ValueError (naming the problem) when the family cannot express the config, i.e.
-    whenever ``from_hf_config`` of the result would differ from
-    ``dataclasses.replace(config, family=family, dtype=dtype)``.
-    """
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    family = config.family if family is None else family
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    dtype = config.dtype if dtype is None else dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-    if (
-        isinstance(max_position_embeddings, bool)
-        or not isinstance(max_position_embeddings, int)
-        or max_position_embeddings < 1
-    ):
-        raise ValueError(
-            f"max_position_embeddings must be a positive int, got {max_position_embeddings!r}"
-        )
-    errors = _family_errors(config, family)
-    if errors:
-        raise ValueError("; ".join(errors))
-
-    c = config
-    out = {
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "bos_token_id": None,
-        "dtype": dtype,
-        "eos_token_id": None,
-        "head_dim": c.head_dim,
-        "hidden_act": "silu",
-        "hidden_size": c.hidden_size,
-        "initializer_range": 0.02,
-        "intermediate_size": c.intermediate_size,
-        "layer_types": list(c.layer_types),
-        "linear_conv_kernel_dim": c.linear_conv_kernel_dim,
-        "linear_key_head_dim": c.linear_key_head_dim,
-        "linear_num_key_heads": c.linear_num_key_heads,
-        "linear_num_value_heads": c.linear_num_value_heads,
-        "linear_value_head_dim": c.linear_value_head_dim,
-        "max_position_embeddings": max_position_embeddings,
-        "num_attention_heads": c.num_attention_heads,
-        "num_hidden_layers": c.num_layers,
-        "num_key_value_heads": c.num_key_value_heads,
-        "pad_token_id": None,
-        "rms_norm_eps": c.rms_norm_eps,
-        "tie_word_embeddings": c.tie_word_embeddings,
-        "use_cache": True,
-        "vocab_size": c.vocab_size,
-        _MTP_KEY[family]: c.mtp_num_layers,
-    }
-    rope = {
-        "partial_rotary_factor": c.partial_rotary_factor,
-        "rope_theta": c.rope_theta,
-        "rope_type": "default",
-    }
-    if family == "qwen3_5":
-        out["architectures"] = ["Qwen3_5ForCausalLM"]
-        out["model_type"] = "qwen3_5_text"
-        out["mtp_use_dedicated_embeddings"] = False  # MTP shares embed_tokens / lm_head
-        rope["mrope_interleaved"] = True
-        rope["mrope_section"] = _mrope_section(c.rotary_dim)
-    else:
-        out["architectures"] = ["Qwen3NextForCausalLM"]
-        out["model_type"] = "qwen3_next"
-        out["decoder_sparse_step"] = 1
-        out["mlp_only_layers"] = [i for i, t in enumerate(c.mlp_types) if t == "dense"]
-        out["num_experts"] = c.num_experts
-        out["num_experts_per_tok"] = c.num_experts_per_tok
-        out["moe_intermediate_size"] = c.moe_intermediate_size
-        out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
-        out["norm_topk_prob"] = c.norm_topk_prob
-        out["output_router_logits"] = False
-        out["router_aux_loss_coef"] = 0.001
-    out["rope_parameters"] = rope
-    out = dict(sorted(out.items()))
-
-    want = dataclasses.replace(config, family=family, dtype=dtype)
-    got = from_hf_config(out)
-    if got != want:
-        diff = [
-            f"{f.name}: {getattr(want, f.name)!r} would read back as {getattr(got, f.name)!r}"
-            for f in dataclasses.fields(ModelConfig)
-            if getattr(want, f.name) != getattr(got, f.name)
-        ]
-        raise ValueError(
-            f"family {family!r} cannot express this config (from_hf_config reads the written "
-            f"config.json back differently): {'; '.join(diff)}"
-        )
-    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,11 +66,11 @@ def hf_tensors(config: ModelConfig, params: dict, *, dtype: str | None = None) -
     dtype = config.dtype if dtype is None else dtype
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-    _check_tree(params, config)
+    check_param_tree(config, params)
     out_dtype = np.dtype(jax.numpy.dtype(dtype))
     out: dict[str, np.ndarray] = {}
     # names=set(): per-expert MoE tensors, the on-disk layout of the family's HF code.
-    for spec in _model_specs(config, "model.", set()):
+    for spec in model_specs(config, "model.", set()):
         leaves = [np.asarray(jax.device_get(_get(params, p))) for p in spec.outs]
         tensors = spec.inv(*leaves)
         for name, shape, t in zip(spec.names, spec.shapes, tensors, strict=True):
@@ -270,8 +125,6 @@ def _shards(tensors: dict, max_shard_bytes: int) -> list[list[str]]:
 
 def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
     """file name -> text for the tokenizer, validated against the vocabulary."""
-    from mtpspec.training.data import ByteTokenizer, HFTokenizer, byte_tokenizer_json
-
     if tokenizer is None:
         return None
     tok_path = False

@@ -20,8 +20,8 @@ import jax
 import orbax.checkpoint as ocp
 
 from mtpspec import sharding as mtp_sharding
-from mtpspec.checkpoints.hf import _check_tree
 from mtpspec.config import ModelConfig
+from mtpspec.models.params import check_param_tree
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -41,7 +41,7 @@ def save_params(
 ) -> None:
     """Write ``config`` (JSON) and ``params`` (orbax) under directory ``path``."""
     path = os.path.abspath(os.fspath(path))
-    _check_tree(params, config)
+    check_param_tree(config, params)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists (pass overwrite=True to replace it)")
     # Multi-host (shared filesystem): process 0 alone clears the directory and writes the config;
@@ -91,5 +91,5 @@ def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, 
             shardings,
         )
         params = ckptr.restore(params_dir, target)
-    _check_tree(params, config)
+    check_param_tree(config, params)
     return config, params

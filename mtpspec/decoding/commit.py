@@ -21,14 +21,14 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec import ops
-from mtpspec.models.state import DecodeState, GDNCache
+from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
 
 COMMIT_STRATEGIES = ("scan", "states", "replay")
 
 
-def _scan_state(state0, commit, n):
+def _scan_state(state0, commit: GDNCommit, n):
     """Re-advance the recurrence over the first n window positions (masked scan)."""
-    k, v, g, beta = commit["k"], commit["v"], commit["g"], commit["beta"]
+    k, v, g, beta = commit.k, commit.v, commit.g, commit.beta
     t = k.shape[1]
     hi = jax.lax.Precision.HIGHEST
 
@@ -47,8 +47,8 @@ def _scan_state(state0, commit, n):
     return final
 
 
-def _select_state(state0, commit, n):
-    states = commit["aux"].states
+def _select_state(state0, commit: GDNCommit, n):
+    states = commit.aux.states
     if states is None:
         raise ValueError("commit='states' needs per-position states from verification")
     idx = jnp.clip(n - 1, 0, states.shape[1] - 1)
@@ -56,26 +56,26 @@ def _select_state(state0, commit, n):
     return jnp.where((n > 0)[:, None, None, None], picked, state0)
 
 
-def commit_gdn(cache0: GDNCache, commit: dict, n: jax.Array, strategy: str) -> GDNCache:
+def commit_gdn(cache0: GDNCache, commit: GDNCommit, n: jax.Array, strategy: str) -> GDNCache:
     """The GDN cache after the first ``n`` [b] positions of the verified window."""
     if strategy == "scan":
         state = _scan_state(cache0.state, commit, n)
     elif strategy == "states":
         state = _select_state(cache0.state, commit, n)
     elif strategy == "replay":
-        state = ops.state_after(cache0.state, commit["k"], commit["aux"], n)
+        state = ops.state_after(cache0.state, commit.k, commit.aux, n)
     else:
         raise ValueError(
             f"unknown commit strategy {strategy!r}; expected one of {COMMIT_STRATEGIES}"
         )
-    conv = ops.conv_window_after(cache0.conv, commit["conv_in"], n)
+    conv = ops.conv_window_after(cache0.conv, commit.conv_in, n)
     return GDNCache(state, conv.astype(cache0.conv.dtype))
 
 
 def commit_window(
     snapshot: DecodeState,  # before the verify window
     verified: DecodeState,  # after folding the whole window
-    commits: tuple,  # per layer: GDN commit data, or None for attention layers
+    commits: tuple,  # per layer: GDNCommit, or AttentionCommit (nothing to keep)
     n: jax.Array,  # [b] int32: window positions to keep
     strategy: str,
 ) -> DecodeState:

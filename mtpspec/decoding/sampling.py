@@ -1,10 +1,12 @@
 """Token selection: greedy, and temperature / top-k / top-p sampling applied identically everywhere.
 
-``temperature``, ``top_k``, ``top_p`` are static Python numbers (they pick the compiled program);
-keys are derived per step with ``fold_in`` so a seed reproduces a run.
+``Sampling`` holds ``temperature``, ``top_k``, ``top_p`` as static Python numbers (they pick the
+compiled program); keys are derived per step with ``fold_in`` so a seed reproduces a run.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +21,34 @@ def check_sampling_args(temperature, top_k, top_p) -> None:
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The sampling settings of one program (temperature 0 = greedy)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def select(self, logits: jax.Array, key) -> jax.Array:
+        """Ids [...] from logits [..., V]: argmax when greedy, else a draw with ``key``."""
+        return select_tokens(logits, key, self.temperature, self.top_k, self.top_p)
+
+    def select_with_q(self, logits: jax.Array, key) -> tuple[jax.Array, jax.Array]:
+        """(ids, q) for a draft: q is the distribution the id was drawn from ([..., V]), which
+        lossless verification needs; an empty last axis when greedy."""
+        return self.select(logits, key), draft_probs(
+            logits, self.temperature, self.top_k, self.top_p
+        )
+
+    def accept(self, key, logits, drafts, q):
+        """Lossless rejection sampling of ``drafts`` (see ``speculative_accept``)."""
+        return speculative_accept(key, logits, drafts, q, self.temperature, self.top_k, self.top_p)
 
 
 def filtered_log_probs(logits: jax.Array, temperature: float, top_k: int, top_p: float):

@@ -11,6 +11,7 @@ from mtpspec.models.decoder import (
     check_tokens,
     forward,
     forward_hidden,
+    forward_impl,
     lm_logits,
     mtp_forward,
     mtp_window_step,
@@ -18,17 +19,28 @@ from mtpspec.models.decoder import (
     step,
     window_step,
 )
-from mtpspec.models.params import init_params, param_shapes
-from mtpspec.models.state import AttentionCache, DecodeState, GDNCache, init_decode_state
+from mtpspec.models.params import check_param_tree, init_params, param_shapes
+from mtpspec.models.state import (
+    AttentionCache,
+    AttentionCommit,
+    DecodeState,
+    GDNCache,
+    GDNCommit,
+    init_decode_state,
+)
 
 __all__ = [
     "AttentionCache",
+    "AttentionCommit",
     "DecodeState",
     "GDNCache",
+    "GDNCommit",
     "StepOutput",
+    "check_param_tree",
     "check_tokens",
     "forward",
     "forward_hidden",
+    "forward_impl",
     "init_decode_state",
     "init_params",
     "lm_logits",

@@ -7,12 +7,12 @@
     logits, hidden = mtp_forward(config, params, hidden, next_tokens, positions)
 
 ``config`` is static (frozen dataclass, hashable); params and state are arguments. One compile per
-(config, shapes, gdn_method).
+(config, shapes, gdn_method). The ``*_impl`` functions are the same computations unjitted and
+unchecked, for use inside other jitted code (the decoding program, training losses).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -28,7 +28,7 @@ class StepOutput(NamedTuple):
     logits: jax.Array  # [b, t, V] float32
     hidden: jax.Array  # [b, t, H]: final-normed hidden (what lm_head sees and the MTP head takes)
     state: DecodeState
-    commit: tuple  # per GDN layer: {"conv_in", "k", "aux"} of this window (None for attention)
+    commit: tuple  # per layer: GDNCommit or AttentionCommit of this window (models/state.py)
 
 
 def check_tokens(config: ModelConfig, tokens, *, rank: int = 2, name: str = "tokens") -> None:
@@ -68,14 +68,18 @@ def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=
     return x, tuple(new_caches), tuple(commits)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "gdn_method"))
-def _forward(config, params, tokens, gdn_method):
+def forward_impl(config: ModelConfig, params: dict, tokens, gdn_method: str = "auto"):
+    """Teacher-forced (logits [b, t, V] f32, final-normed hidden [b, t, H]) for int32 tokens
+    [b, t], no cache, unjitted and unchecked (training losses call it inside their own jit)."""
     b, t = tokens.shape
     x = params["embed"][tokens]
     zeros = jnp.zeros((b,), jnp.int32)
     x, _, _ = _run_layers(config, params, x, zeros, zeros + t, None, gdn_method)
     hidden = layers.norm(config, x, params["final_norm"])
     return lm_logits(config, params, hidden), hidden
+
+
+_forward = jax.jit(forward_impl, static_argnames=("config", "gdn_method"))
 
 
 def forward(config: ModelConfig, params: dict, tokens, *, gdn_method: str = "auto"):
@@ -158,23 +162,25 @@ def step(config: ModelConfig, params: dict, state: DecodeState, tokens, *, gdn_m
 # ---- MTP head -----------------------------------------------------------------------------------
 
 
-def _mtp_core(config, params, hidden, next_tokens, start, valid, cache):
+def _mtp_hidden(config, params, hidden, next_tokens, start, valid, cache):
     p = params["mtp"]
     e = layers.norm(config, params["embed"][next_tokens], p["norm_embed"])
     h = layers.norm(config, hidden.astype(e.dtype), p["norm_hidden"])
     x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
     kind = (FULL, config.mtp_mlp_type)
     x, cache, _ = layers.decoder_layer(config, kind, p["layer"], x, start, valid, cache, "auto")
-    y = layers.norm(config, x, p["norm"])
-    return lm_logits(config, params, y), y, cache
+    return layers.norm(config, x, p["norm"]), cache
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _mtp_forward(config, params, hidden, next_tokens, start):
+def mtp_forward_impl(config: ModelConfig, params: dict, hidden, next_tokens, start):
+    """Teacher-forced MTP head, unjitted and unchecked (see ``mtp_forward``): (logits, hidden)."""
     b, t = next_tokens.shape
     valid = jnp.full((b,), t, jnp.int32)
-    logits, y, _ = _mtp_core(config, params, hidden, next_tokens, start, valid, None)
-    return logits, y
+    y, _ = _mtp_hidden(config, params, hidden, next_tokens, start, valid, None)
+    return lm_logits(config, params, y), y
+
+
+_mtp_forward = jax.jit(mtp_forward_impl, static_argnames=("config",))
 
 
 def mtp_forward(config: ModelConfig, params: dict, hidden, next_tokens, start=None):
@@ -192,13 +198,18 @@ def mtp_forward(config: ModelConfig, params: dict, hidden, next_tokens, start=No
     return _mtp_forward(config, params, hidden, jnp.asarray(next_tokens, jnp.int32), start)
 
 
+def mtp_window_hidden_impl(config, params, state: DecodeState, hidden, next_tokens, valid):
+    """Cached MTP window without the LM head: rows appended to the MTP KV cache at
+    ``state.mtp_lengths``. Returns (mtp hidden [b, t, H], new state); logits of any row are
+    ``lm_logits(config, params, row)`` (the speculative proposer needs only one row's)."""
+    y, cache = _mtp_hidden(config, params, hidden, next_tokens, state.mtp_lengths, valid, state.mtp)
+    return y, state._replace(mtp=cache, mtp_lengths=state.mtp_lengths + valid)
+
+
 def mtp_window_step_impl(config, params, state: DecodeState, hidden, next_tokens, valid):
-    """Cached MTP window: rows appended to the MTP KV cache at ``state.mtp_lengths``.
-    Returns (logits [b, t, V], mtp hidden [b, t, H], new state)."""
-    logits, y, cache = _mtp_core(
-        config, params, hidden, next_tokens, state.mtp_lengths, valid, state.mtp
-    )
-    return logits, y, state._replace(mtp=cache, mtp_lengths=state.mtp_lengths + valid)
+    """Cached MTP window: (logits [b, t, V], mtp hidden [b, t, H], new state)."""
+    y, state = mtp_window_hidden_impl(config, params, state, hidden, next_tokens, valid)
+    return lm_logits(config, params, y), y, state
 
 
 mtp_window_step = jax.jit(mtp_window_step_impl, static_argnames=("config",))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from mtpspec import ops
 from mtpspec.config import ModelConfig
-from mtpspec.models.state import AttentionCache, GDNCache
+from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -105,12 +105,9 @@ def gdn(
     cache: GDNCache | None,
     method: str,
     return_states: bool = False,
-) -> tuple[jax.Array, GDNCache | None, dict]:
-    """Returns (out [b, t, H], new cache, commit data).
-
-    Commit data, per window position: ``conv_in`` [b, t, c] pre-conv inputs; ``k`` [b, t, hv, dk]
-    normalised keys expanded to value heads; ``v`` [b, t, hv, dv]; ``g``, ``beta`` [b, t, hv] (zero
-    on padding); ``aux`` the GDNAux (u_t, cumulative gates, per-position states if requested)."""
+) -> tuple[jax.Array, GDNCache | None, GDNCommit]:
+    """Returns (out [b, t, H], new cache, commit data: ``GDNCommit``, documented field by field
+    in ``models/state.py``)."""
     b, t, _ = x.shape
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
@@ -141,8 +138,7 @@ def gdn(
     if cache is not None:
         new_cache = GDNCache(final, ops.conv_window_after(cache.conv, mixed, valid))
     k_heads = jnp.repeat(k, hv // hk, axis=2) if hv != hk else k
-    commit = {"conv_in": mixed, "k": k_heads, "v": v, "g": g, "beta": beta, "aux": aux}
-    return out, new_cache, commit
+    return out, new_cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
 
 
 # ---- MLPs ---------------------------------------------------------------------------------------
@@ -195,9 +191,10 @@ def decoder_layer(
     gdn_method: str,
     gdn_states: bool = False,
 ):
-    """Pre-norm residual layer. Returns (x, new cache, commit data or None)."""
+    """Pre-norm residual layer. Returns (x, new cache, commit data: ``AttentionCommit`` or
+    ``GDNCommit``)."""
     h = norm(config, x, p["input_norm"])
-    commit = None
+    commit = AttentionCommit()
     if "attn" in p:
         mixed, cache = attention(config, p["attn"], h, start, valid, cache)
     else:

@@ -140,3 +140,43 @@ def init_params(config: ModelConfig, key: jax.Array, *, norm_scale: float = 0.0)
             x = jax.random.normal(k, shape) * shape[-2] ** -0.5
         out.append(x.astype(dtype))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def check_param_tree(
+    config: ModelConfig, params, *, name: str = "params", allow_missing_mtp: bool = False
+) -> None:
+    """Raise ValueError / TypeError unless ``params`` has exactly this config's parameter tree
+    (``param_shapes``): the same keys, and every leaf an array of the expected shape. Cheap (shapes
+    only, no device work); every entry point that takes weights calls it.
+    ``allow_missing_mtp``: a tree without any ``"mtp"`` entry is fine (decoding without the MTP
+    proposer does not need the head; the MTP proposer checks for it itself)."""
+    if not isinstance(params, dict):
+        raise TypeError(f"{name} must be a parameter tree (dict), got {type(params).__name__}")
+    shapes = param_shapes(config)
+    if allow_missing_mtp and "mtp" not in params:
+        shapes.pop("mtp", None)
+    want = dict(jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)[0])
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+    if want.keys() != got.keys():
+        missing = sorted(jax.tree_util.keystr(k) for k in want.keys() - got.keys())
+        extra = sorted(jax.tree_util.keystr(k) for k in got.keys() - want.keys())
+
+        def some(names):
+            shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            return f"{len(names)} ({shown})" if names else "0"
+
+        raise ValueError(
+            f"{name} do not match the config's parameter tree: missing {some(missing)}, "
+            f"unexpected {some(extra)}"
+        )
+    for path, shape in want.items():
+        leaf = got[path]
+        if not hasattr(leaf, "shape"):
+            raise TypeError(
+                f"{name}{jax.tree_util.keystr(path)} must be an array, got {type(leaf).__name__}"
+            )
+        if tuple(leaf.shape) != shape:
+            raise ValueError(
+                f"{name}{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}, the config "
+                f"says {shape}"
+            )

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec.config import FULL, ModelConfig
+from mtpspec.ops import GDNAux
 
 
 class AttentionCache(NamedTuple):
@@ -50,6 +51,37 @@ class GDNCache(NamedTuple):
             jnp.dtype(config.dtype),
         )
         return cls(state, conv)
+
+
+class GDNCommit(NamedTuple):
+    """What one GDN layer's verify window keeps for committing to an accepted prefix, per window
+    position (b batch, t window positions, c conv channels, h value heads, k/v key/value dims).
+    Padding positions (beyond a sequence's ``valid``) have g = 0 and beta = 0.
+
+    conv_in: [b, t, c] the pre-conv inputs (the conv window after n positions is a slice of
+             [old window ‖ conv_in] at offset n, ``ops.conv_window_after``);
+    k:       [b, t, h, k] float32 L2-normalised keys, expanded to value heads (input of every
+             commit strategy);
+    v:       [b, t, h, v] float32 values (re-advanced by the "scan" commit);
+    g:       [b, t, h] float32 log-decays (<= 0);
+    beta:    [b, t, h] float32 write strengths in (0, 1);
+    aux:     ``ops.GDNAux``: u_t (what the recurrence adds at t: the "replay" commit's input),
+             cumulative log-decay G_t, and every per-position state when verification was asked
+             for them (the "states" commit).
+    """
+
+    conv_in: jax.Array
+    k: jax.Array
+    v: jax.Array
+    g: jax.Array
+    beta: jax.Array
+    aux: GDNAux
+
+
+class AttentionCommit(NamedTuple):
+    """An attention layer keeps nothing for commit: its KV rows were written at positions
+    L..L+t−1 and committing n positions only moves the length to L + n (rows beyond are stale,
+    masked, and overwritten by the next window)."""
 
 
 class DecodeState(NamedTuple):

@@ -4,6 +4,7 @@ c channels, w conv width.
   gated_delta_rule            the GDN recurrence, method = recurrent | chunk | assoc | auto | pallas
   gated_delta_rule_with_aux   plus the commit data (u_t, cumulative gates, states)
   resolve_gdn_method          what method="auto" picks for a shape and platform
+  gdn_method_for              a method name checked (and resolved under a device mesh) for t
   state_after                 closed-form state after n tokens of a window, from the aux data
   causal_conv1d / causal_conv1d_step / conv_window_after   depthwise causal conv with SiLU
   l2_norm / rms_norm / gated_rms_norm
@@ -14,6 +15,7 @@ from mtpspec.ops.gdn.api import (
     GDN_METHODS,
     gated_delta_rule,
     gated_delta_rule_with_aux,
+    gdn_method_for,
     resolve_gdn_method,
 )
 from mtpspec.ops.gdn.common import GDNAux, state_after
@@ -28,6 +30,7 @@ __all__ = [
     "gated_delta_rule",
     "gated_delta_rule_with_aux",
     "gated_rms_norm",
+    "gdn_method_for",
     "l2_norm",
     "resolve_gdn_method",
     "rms_norm",

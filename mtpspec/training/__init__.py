@@ -1,12 +1,10 @@
-"""Training: offline corpus + tokenizers (``data``), optax training with an MTP loss and orbax
+"""Training: offline corpus (``data``), optax training with an MTP loss and orbax
 resume (``train``)."""
 
-from mtpspec.training.data import ByteTokenizer, HFTokenizer, build_manifest, load_corpus
+from mtpspec.training.data import build_manifest, load_corpus
 from mtpspec.training.train import TrainConfig, evaluate, losses, train
 
 __all__ = [
-    "ByteTokenizer",
-    "HFTokenizer",
     "TrainConfig",
     "build_manifest",
     "evaluate",

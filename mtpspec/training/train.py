@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from mtpspec import sharding
 from mtpspec.checkpoints import save_params
 from mtpspec.config import ModelConfig
-from mtpspec.models import decoder, init_params, layers
+from mtpspec.models import decoder, init_params
 from mtpspec.models.params import param_shapes
 from mtpspec.training import data as data_lib
 
@@ -71,19 +71,14 @@ def _cross_entropy(logits, targets):
 def losses(config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk: bool = False):
     """batch [b, t + 1] -> dict(main, mtp, mtp_acc) (cross-entropies in nats/token)."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    b, t = inputs.shape
-    x = params["embed"][inputs]
-    zeros = jnp.zeros((b,), jnp.int32)
-    x, _, _ = decoder._run_layers(config, params, x, zeros, zeros + t, None, "chunk")
-    hidden = layers.norm(config, x, params["final_norm"])
-    main = _cross_entropy(decoder.lm_logits(config, params, hidden), targets)
+    b = inputs.shape[0]
+    logits, hidden = decoder.forward_impl(config, params, inputs, "chunk")
+    main = _cross_entropy(logits, targets)
     out = {"main": main}
     if config.mtp_num_layers:
         h = jax.lax.stop_gradient(hidden) if detach_trunk else hidden
-        valid = jnp.full((b,), t - 1, jnp.int32)
-        mtp_logits, _, _ = decoder._mtp_core(
-            config, params, h[:, :-1], inputs[:, 1:], zeros, valid, None
-        )
+        zeros = jnp.zeros((b,), jnp.int32)
+        mtp_logits, _ = decoder.mtp_forward_impl(config, params, h[:, :-1], inputs[:, 1:], zeros)
         out["mtp"] = _cross_entropy(mtp_logits, targets[:, 1:])
         out["mtp_acc"] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, 1:])
     return out

@@ -20,7 +20,7 @@ from experiments.check_hf_export import compare  # noqa: E402
 from mtpspec import checkpoints  # noqa: E402
 from mtpspec.config import tiny_moe  # noqa: E402
 from mtpspec.models.params import init_params  # noqa: E402
-from mtpspec.training.data import ByteTokenizer  # noqa: E402
+from mtpspec.tokenizers import ByteTokenizer  # noqa: E402
 
 TOL = 1e-5
 DEFAULT_MODEL = (

@@ -20,10 +20,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mtpspec import SpecConfig, generate, sharding
+from mtpspec import SpecConfig, decoding, generate, sharding
 from mtpspec.checkpoints import load_hf, restore_params, save_hf, save_params
 from mtpspec.config import TWO_LAYERS, tiny_moe
-from mtpspec.decoding import loop
 from mtpspec.models import init_params
 
 train_lib = importlib.import_module("mtpspec.training.train")  # the module, not the function
@@ -104,14 +103,14 @@ def test_sharded_generation_emits_the_single_device_tokens(
 def test_explicit_mesh_is_accepted_and_gives_the_same_tokens(model, reference):
     params, prompts = model
     generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=sharding.make_mesh(2, 4))
-    compiled = loop.compile_count()
+    compiled = decoding.compile_count()
     mesh = sharding.make_mesh(2, 4, axis_types="explicit")
     assert all(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
     got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
     assert got.tokens == reference
     other = [[9, 8, 7], [1, 2, 3, 4, 5], [6]]  # same buckets: no new compile either
     generate(CONFIG, params, other, max_new_tokens=NEW, mesh=mesh)
-    assert loop.compile_count() == compiled  # the explicit mesh reuses the auto program
+    assert decoding.compile_count() == compiled  # the explicit mesh reuses the auto program
     with jax.set_mesh(mesh):  # inside the user's explicit-mesh context as well
         got = generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=mesh)
     assert got.tokens == reference
@@ -122,30 +121,29 @@ def test_decode_state_is_sharded_with_its_heads(model, reference):
     shardings split KV caches / GDN state on the model axis (this config divides by 4)."""
     params, prompts = model
     mesh = sharding.make_mesh(2, 4)
-    static, arrays = loop._prepare(
-        CONFIG, params, prompts, NEW, SPECS["scan"], 0.0, 0, 1.0, None, mesh, None
+    prepared = decoding.prepare(
+        CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"], mesh=mesh
     )
-    args = loop._device_args(static, params, None, arrays, 0)
     for leaf, want in zip(
-        jax.tree.leaves(args[0]),
+        jax.tree.leaves(prepared.args[0]),
         jax.tree.leaves(sharding.param_shardings(CONFIG, mesh)),
         strict=True,
     ):
         assert leaf.sharding == want
-    carry = loop._prefill_jit(static, *args)
-    specs = sharding.state_specs(CONFIG, len(arrays[0]), mesh)
+    carry = prepared.prefill()
+    specs = sharding.state_specs(CONFIG, carry.pending.shape[0], mesh)
     for x, spec in zip(
         jax.tree.leaves(carry.state),
         jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
         strict=True,
     ):
-        assert x.sharding.is_equivalent_to(NamedSharding(static.mesh, spec), x.ndim), (spec,)
+        assert x.sharding.is_equivalent_to(NamedSharding(prepared.key.mesh, spec), x.ndim), (spec,)
     kv = carry.state.layers[1].k
     assert kv.addressable_shards[0].data.shape == (2, kv.shape[1], 8 // 4, 8)
     gdn = carry.state.layers[0].state
     assert gdn.addressable_shards[0].data.shape == (2, 16 // 4, 8, 8)
     # the streaming API runs the same sharded prefill and step from Python
-    stream = loop.generate_stream(
+    stream = decoding.generate_stream(
         CONFIG, params, prompts, max_new_tokens=NEW, speculative=SPECS["scan"], mesh=mesh
     )
     streamed = [[] for _ in prompts]

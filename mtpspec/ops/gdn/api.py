@@ -47,17 +47,21 @@ DEFAULT_CHUNK_SIZE_OTHER = 64
 # at realistic heads the chunked form (chunk = min(32, t)) already wins from t = 2
 # (`python -m experiments.bench_gdn`, BUILD_NOTES.md); "assoc" never wins there (k³ per combine).
 AUTO_RECURRENT_MAX_T = 1
-# Platforms on which "auto" runs the Pallas kernel (compiled, not interpreted).
-AUTO_PALLAS_PLATFORMS = ("gpu",)
+# Platforms on which "auto" runs the Pallas kernel (compiled, not interpreted). Empty until a
+# recorded GPU check (`experiments/gpu_check.sh`, BUILD_NOTES.md "GPU") has passed on real
+# hardware: the kernel has only run in interpret mode so far. Flipping it is this one line:
+# AUTO_PALLAS_PLATFORMS = ("gpu",)
+AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
 
 
 def resolve_gdn_method(t: int, platform: str | None = None, *, pallas_ok: bool = True) -> str:
     """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``.
 
     A single token (a decode step) runs the recurrence everywhere. Longer sequences (verification
-    windows, prefill, training) run the Pallas kernel on GPU when it supports the call
-    (``pallas_ok``: dtype, key dim), otherwise the chunked form, which measured faster from t = 2
-    on CPU. On CPU Pallas would only run interpreted, so "auto" never picks it there.
+    windows, prefill, training) run the chunked form, which measured faster from t = 2 on CPU;
+    on a platform in ``AUTO_PALLAS_PLATFORMS`` (none until a GPU check has passed) the Pallas
+    kernel when it supports the call (``pallas_ok``: dtype, key dim). On CPU Pallas would only
+    run interpreted, so "auto" never picks it there.
     """
     platform = platform or jax.default_backend()
     if t <= AUTO_RECURRENT_MAX_T:
@@ -65,6 +69,29 @@ def resolve_gdn_method(t: int, platform: str | None = None, *, pallas_ok: bool =
     if platform in AUTO_PALLAS_PLATFORMS and pallas_ok:
         return "pallas"
     return "chunk"
+
+
+def gdn_method_for(method: str, t: int, *, sharded: bool = False) -> str:
+    """The GDN method a model should be run with for ``t`` positions (host side, before tracing).
+
+    Validates the name. Without a mesh it is returned as is (``"auto"`` resolves per call, with
+    the call's dtypes). Under a device mesh (``sharded=True``) ``pallas_call`` has no GSPMD
+    partitioning rule (a ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` is
+    refused and ``"auto"`` is resolved here to a form that partitions (logged)."""
+    if method not in GDN_METHODS:
+        raise ValueError(f"unknown GDN method {method!r}; expected one of {GDN_METHODS}")
+    if not sharded:
+        return method
+    if method == "pallas":
+        raise ValueError(
+            "GDN method 'pallas' cannot run under a device mesh (the Pallas kernel is not "
+            "partitioned); use 'auto' or 'chunk'"
+        )
+    if method == "auto":
+        platform = jax.default_backend()
+        method = resolve_gdn_method(t, platform, pallas_ok=False)
+        _log_auto_choice(t, f"{platform} under a mesh", method)
+    return method
 
 
 @functools.lru_cache(maxsize=256)

@@ -1,0 +1,159 @@
+"""The flags the experiment scripts share, each defined here once with one name, plus small helpers
+(mesh start-up, tokenizer, the demo prompts).
+
+A script calls the ``define_*`` groups it needs at import time:
+
+    define_checkpoint()            --checkpoint (default: the shipped model)
+    define_draft_checkpoint()      --draft_checkpoint
+    define_speculation(...)        --proposer, --num_draft, --commit (comma lists; a script that
+                                   runs one configuration takes the one value with ``one(...)``)
+    define_json_out()              --json_out
+    define_mesh()                  --mesh, --mesh_axis_types and the multi-host flags
+
+Mesh, single host, 8 devices, 2-way data x 4-way model parallel:
+
+    python -m experiments.generate --mesh=2x4 --prompt="def fib(n):"
+
+Multi-host (the same command in every process; process 0's host:port is the coordinator):
+
+    python -m experiments.train --workdir=/shared/run --mesh=2x8 \\
+        --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=$RANK
+
+``--distributed`` alone lets JAX detect the cluster (SLURM, Open MPI, Cloud TPU).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from absl import app, flags
+
+# mtpspec is imported inside the functions: gpu_check.py uses this module on a machine where only
+# JAX may import (it loads mtpspec.ops alone there).
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ASSETS = ROOT / "mtpspec" / "assets"
+DEFAULT_MODEL = ASSETS / "default_model"
+FLAGS = flags.FLAGS
+
+
+def define_checkpoint(
+    help_text: str = "Model directory: an mtpspec checkpoint or an HF one.",
+    default: str | None = str(DEFAULT_MODEL),
+):
+    flags.DEFINE_string("checkpoint", default, help_text)
+
+
+def define_draft_checkpoint():
+    flags.DEFINE_string(
+        "draft_checkpoint", None, "A draft model (same vocabulary) for --proposer=draft."
+    )
+
+
+def define_speculation(proposer: str = "mtp", num_draft: str | None = None):
+    from mtpspec.decoding import COMMIT_STRATEGIES, DEFAULT_COMMIT, DEFAULT_NUM_DRAFT
+    from mtpspec.decoding.proposers import names as proposer_names
+
+    if num_draft is None:
+        num_draft = str(DEFAULT_NUM_DRAFT)
+    flags.DEFINE_list(
+        "proposer", proposer, f"Draft proposer(s): none (plain decoding) or {proposer_names()}."
+    )
+    flags.DEFINE_list("num_draft", num_draft, "k: drafts per verify step (comma list to sweep).")
+    flags.DEFINE_list("commit", DEFAULT_COMMIT, f"GDN commit strategy(s), of {COMMIT_STRATEGIES}.")
+
+
+def define_json_out():
+    flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
+
+
+def define_mesh():
+    flags.DEFINE_string(
+        "mesh", None, "Shard over a DATAxMODEL device mesh, e.g. 1x8 or 2x4 (default: one device)."
+    )
+    flags.DEFINE_enum(
+        "mesh_axis_types", "auto", ["auto", "explicit"], "Mesh axis types (explicit runs as auto)."
+    )
+    flags.DEFINE_bool("distributed", False, "Multi-host: call jax.distributed.initialize().")
+    flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
+    flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
+    flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+
+
+# ---- reading the shared flags -------------------------------------------------------------------
+
+
+def proposers() -> list[str]:
+    from mtpspec.decoding.proposers import names as proposer_names
+
+    known = ("none", *proposer_names())
+    bad = [p for p in FLAGS.proposer if p not in known]
+    if bad:
+        raise app.UsageError(f"--proposer: unknown {bad}; expected some of {known}")
+    return list(FLAGS.proposer)
+
+
+def num_drafts() -> list[int]:
+    try:
+        ks = [int(k) for k in FLAGS.num_draft]
+    except ValueError as e:
+        raise app.UsageError(f"--num_draft must be integers, got {FLAGS.num_draft}") from e
+    if not ks or min(ks) < 1:
+        raise app.UsageError(f"--num_draft must be >= 1, got {FLAGS.num_draft}")
+    return ks
+
+
+def commits() -> list[str]:
+    from mtpspec.decoding import COMMIT_STRATEGIES
+
+    bad = [c for c in FLAGS.commit if c not in COMMIT_STRATEGIES]
+    if bad:
+        raise app.UsageError(f"--commit: unknown {bad}; expected some of {COMMIT_STRATEGIES}")
+    return list(FLAGS.commit)
+
+
+def one(values: list, name: str):
+    """The single value of a list flag, for scripts that run one configuration."""
+    if len(values) != 1:
+        raise app.UsageError(f"--{name} takes one value here, got {values}")
+    return values[0]
+
+
+def setup_mesh():
+    """Start multi-host JAX when asked, then build the --mesh mesh (None without --mesh)."""
+    from mtpspec import sharding
+
+    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if FLAGS.distributed or any(v is not None for v in explicit):
+        sharding.initialize_distributed(
+            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
+        )
+    if FLAGS.mesh is None:
+        return None
+    data, model = sharding.parse_mesh(FLAGS.mesh)
+    return sharding.make_mesh(data, model, axis_types=FLAGS.mesh_axis_types)
+
+
+def write_json(value) -> None:
+    """``value`` as JSON to --json_out (when given)."""
+    if FLAGS.json_out:
+        pathlib.Path(FLAGS.json_out).write_text(json.dumps(value, indent=2) + "\n")
+        print(f"json: {FLAGS.json_out}")
+
+
+# ---- text ---------------------------------------------------------------------------------------
+
+
+def tokenizer_for(config, path):
+    """The byte tokenizer for the 256 vocabulary, else the checkpoint's tokenizer.json."""
+    from mtpspec.tokenizers import ByteTokenizer, HFTokenizer
+
+    if config.vocab_size == ByteTokenizer.vocab_size:
+        return ByteTokenizer()
+    return HFTokenizer(path)
+
+
+def demo_texts() -> list[str]:
+    """The held-out demo prompts (``mtpspec/assets/demo_prompts.json``)."""
+    spec = json.loads((ASSETS / "demo_prompts.json").read_text())
+    return [p["text"] for p in spec["prompts"]]

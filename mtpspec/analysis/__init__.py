@@ -1,0 +1,65 @@
+"""Speculative-decoding analysis: timing, cost pieces, sweeps, the acceptance model, plots.
+
+Shared by ``experiments/bench_speculative.py`` and the notebooks, so that a figure in a notebook
+and a number in the benchmark come from the same code. Definitions (docs/design.md, "Performance
+model"):
+
+  * t_step: one 1-token decode step of the target (the work plain decoding does per token);
+  * t_verify(k): one (k+1)-token verify window of the target;
+  * t_draft(k): one proposal of k drafts plus the proposer's update after an accepted window;
+  * ideal speed-up = τ · t_step / (t_verify + t_draft); efficiency = measured ÷ ideal;
+  * the i.i.d. acceptance model: E[τ] = (1 − α^{k+1}) / (1 − α).
+
+  timing.py   median_seconds, interleaved_medians, loop_job, CompileCounter, matmul_row_scaling
+  pieces.py   piece_costs: step, verify, commit per strategy, draft per proposer
+  sweep.py    sweep / summarize: every configuration against plain greedy in one run
+  model.py    ideal_speedup, expected_tau, fit_alpha
+  plots.py    plot_sweep
+"""
+
+from mtpspec.analysis.model import expected_tau, fit_alpha, ideal_speedup
+from mtpspec.analysis.pieces import piece_costs, tree_bytes
+from mtpspec.analysis.plots import plot_sweep
+from mtpspec.analysis.sweep import (
+    PLAIN,
+    Point,
+    Timed,
+    alpha_per_proposer,
+    best,
+    run_point,
+    spec_for,
+    summarize,
+    sweep,
+    throughput,
+)
+from mtpspec.analysis.timing import (
+    CompileCounter,
+    interleaved_medians,
+    loop_job,
+    matmul_row_scaling,
+    median_seconds,
+)
+
+__all__ = [
+    "PLAIN",
+    "CompileCounter",
+    "Point",
+    "Timed",
+    "alpha_per_proposer",
+    "best",
+    "expected_tau",
+    "fit_alpha",
+    "ideal_speedup",
+    "interleaved_medians",
+    "loop_job",
+    "matmul_row_scaling",
+    "median_seconds",
+    "piece_costs",
+    "plot_sweep",
+    "run_point",
+    "spec_for",
+    "summarize",
+    "sweep",
+    "throughput",
+    "tree_bytes",
+]

@@ -1,0 +1,119 @@
+"""Timing on shared, noisy machines: medians, round-robin interleaving, pieces run inside one
+jitted on-device loop (as generate's loop runs them), and JAX compile counting."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def median_seconds(fn: Callable, *args, repeats: int = 20, warmup: int = 2) -> float:
+    """Median wall time of ``fn(*args)`` (blocked until ready) over ``repeats`` calls."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(max(warmup, 1)):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class CompileCounter:
+    """Counts XLA backend compilations while active (``with CompileCounter() as c: ...; c.count``).
+
+    Listens to JAX's own compile event, so it sees every compile in the process (jit caches, AOT
+    ``lower().compile()``, anything), not only the generate-program cache."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+    _active: list[CompileCounter] = []
+    _registered = False
+
+    def __init__(self):
+        self.count = 0
+
+    @classmethod
+    def _on_duration(cls, event: str, duration: float, **kwargs) -> None:
+        if event == cls.EVENT:
+            for counter in cls._active:
+                counter.count += 1
+
+    def __enter__(self):
+        if not CompileCounter._registered:
+            jax.monitoring.register_event_duration_secs_listener(CompileCounter._on_duration)
+            CompileCounter._registered = True
+        CompileCounter._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        CompileCounter._active.remove(self)
+        return False
+
+
+def loop_job(body: Callable, consts, carry, *, iters: int = 64) -> Callable[[], None]:
+    """A zero-argument callable running ``carry = body(consts, carry)`` ``iters`` times inside one
+    jitted ``lax.fori_loop`` (compiled and run once here), blocking until done.
+
+    This is how the generate loop pays for a piece: on device, without a Python dispatch per call
+    (which alone costs more than a whole step of a small model on CPU). ``consts`` (weights, saved
+    window data) are arguments, never baked-in constants. ``body`` must make the next iteration's
+    inputs depend on this one's outputs, so that XLA can neither hoist the work out of the loop
+    nor drop it as dead."""
+    run = jax.jit(lambda x, c: jax.lax.fori_loop(0, iters, lambda i, c: body(x, c), c))
+    jax.block_until_ready(run(consts, carry))
+
+    def call():
+        jax.block_until_ready(run(consts, carry))
+
+    return call
+
+
+def interleaved_medians(jobs: dict[str, Callable[[], None]], *, repeats: int = 7) -> dict:
+    """Median wall seconds of each zero-argument job, timed round-robin (every repeat runs every
+    job once), so slow phases of a shared machine (we saw the same program drift between 1.4 and
+    0.7 ms per call within one second) hit all jobs alike instead of whichever ran then."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    for _ in range(repeats):
+        for name, job in jobs.items():
+            t0 = time.perf_counter()
+            job()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def matmul_row_scaling(
+    d_in: int, d_out: int, rows: Sequence[int], *, iters: int = 300, repeats: int = 15
+) -> dict[int, float]:
+    """Seconds per [t, d_in] @ [d_in, d_out] @ [d_out, d_in] pair for each t in ``rows``, run in a
+    jitted loop (fastest of ``repeats``, interleaved across t so noise hits all alike).
+
+    The physics behind ``verify_over_step``: when the weights sit in cache, a product with t rows
+    costs ~t times a 1-row one (compute-bound), and a (k+1)-token window cannot be nearly free as
+    it is on a memory-bound accelerator."""
+    w1 = jax.random.normal(jax.random.key(0), (d_in, d_out), jnp.float32) / np.sqrt(d_in)
+    w2 = jax.random.normal(jax.random.key(1), (d_out, d_in), jnp.float32) / np.sqrt(d_out)
+    hi = jax.lax.Precision.HIGHEST
+
+    def body(w, x):
+        return jnp.tanh(jnp.matmul(jnp.matmul(x, w[0], precision=hi), w[1], precision=hi))
+
+    run = jax.jit(lambda w, x: jax.lax.fori_loop(0, iters, lambda i, x: body(w, x), x))
+    xs = {t: jnp.full((1, t, d_in), 0.1, jnp.float32) for t in rows}
+    for x in xs.values():
+        jax.block_until_ready(run((w1, w2), x))
+    best = {t: float("inf") for t in rows}
+    for _ in range(repeats):
+        for t, x in xs.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run((w1, w2), x))
+            best[t] = min(best[t], (time.perf_counter() - t0) / iters)
+    return best

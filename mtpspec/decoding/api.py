@@ -1,0 +1,165 @@
+"""Public entry points: ``generate`` (one jitted program), ``generate_stream`` (the same prefill and
+step from Python), and ``prepare`` (the checked, placed call as an object that can be lowered,
+compiled, run or stepped: for sharding reports, multi-device tests and notebooks)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from mtpspec import sharding
+from mtpspec.config import ModelConfig
+from mtpspec.decoding import host, program
+from mtpspec.decoding.program import CACHE, Carry, ProgramKey
+from mtpspec.decoding.sampling import Sampling
+from mtpspec.decoding.spec import SpecConfig
+from mtpspec.decoding.stages import RUNNING, STOP_NAMES
+from mtpspec.decoding.stats import result_stats
+
+
+class GenerateResult(NamedTuple):
+    tokens: list[list[int]]  # emitted ids per prompt (eos included when hit)
+    stop_reasons: list[str]  # "eos" | "length" | "capacity" per prompt
+    stats: dict  # acceptance and timing figures (see ``generate``)
+
+
+class Prepared(NamedTuple):
+    """A checked decoding call with its arguments on the device(s).
+
+    ``key`` selects the compiled program; ``args`` = (params, proposer params, prompts, lengths,
+    max_new, eos, rng key); ``n`` real sequences (the rest pads the batch to the mesh's data
+    axis); ``max_new_tokens`` as asked (the program's buffer is its bucket)."""
+
+    key: ProgramKey
+    args: tuple
+    n: int
+    max_new_tokens: int
+
+    def lower(self) -> jax.stages.Lowered:
+        """The whole program (prefill + loop), lowered for these argument shapes."""
+        return program.run_jit.lower(self.key, *self.args)
+
+    def compiled(self):
+        """(the cached compiled program, whether it was compiled by this call)."""
+        return CACHE.get(self.key, self.args)
+
+    def prefill(self) -> Carry:
+        """The jitted prefill: the loop carry before the first verify step."""
+        return program.prefill_jit(self.key, *self.args)
+
+    def step(self, carry: Carry) -> Carry:
+        """One jitted verify step (exactly the loop's body)."""
+        params, pparams, _, _, max_new, eos, _ = self.args
+        return program.step_jit(self.key, params, pparams, max_new, eos, carry)
+
+
+def prepare(
+    config: ModelConfig,
+    params,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    speculative: SpecConfig | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos_id: int | None = None,
+    mesh=None,
+    capacity: int | None = None,
+) -> Prepared:
+    """Check a decoding call (ValueError / TypeError before any device work) and place its
+    arguments on the device(s). ``generate`` and ``generate_stream`` take these same keyword
+    arguments:
+
+    max_new_tokens  tokens to emit per prompt (0: nothing runs)
+    speculative     None (plain decoding) or a ``SpecConfig`` (proposer, k, commit strategy)
+    temperature, top_k, top_p   sampling (temperature 0: greedy; filters apply identically to
+                    target and draft distributions); ``seed`` for the sampling keys
+    eos_id          stop a sequence at this token (included in its output)
+    mesh            a (data, model) ``jax.sharding.Mesh`` to shard over (``mtpspec.sharding``)
+    capacity        KV slots per sequence (default ``default_capacity``: prompt bucket + output
+                    bucket + one verify window)
+    """
+    sampling = Sampling(temperature, top_k, top_p)
+    key, arrays = host.prepare(
+        config, params, prompts, max_new_tokens, speculative, sampling, eos_id, mesh, capacity
+    )
+    pparams = key.proposer.device_params(speculative) if key.proposer is not None else None
+    args = host.device_args(key, params, pparams, arrays, seed)
+    return Prepared(key, args, len(prompts), max_new_tokens)
+
+
+def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -> GenerateResult:
+    """Plain or speculative decoding of a ragged batch, prefill + loop in one jitted program.
+
+    Keyword arguments (``prepare`` documents each): ``max_new_tokens`` (required),
+    ``speculative``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_id``, ``mesh``,
+    ``capacity``.
+
+    ``result.stats``: ``steps`` (verify steps per sequence), ``accepted`` (per sequence, per
+    step: drafts accepted, −1 when inactive), ``tau`` (emitted tokens per verify step, prefill
+    token excluded; ``decoding.stats``), ``position_acceptance`` (fraction of steps accepting
+    ≥ i drafts, i = 1..k), ``compile_s``, ``run_s`` (prefill + loop, compile excluded),
+    ``tokens_per_s``. Bad arguments raise ValueError / TypeError before any device work;
+    capacity overflow stops a sequence with stop reason "capacity" (never wraps around).
+    """
+    prepared = prepare(config, params, prompts, **options)
+    b = prepared.n
+    if prepared.max_new_tokens == 0:  # nothing to run; the same statistics, empty
+        stats = result_stats(np.zeros((0, b), np.int32), np.zeros(b), prepared.key.k, 0.0, 0.0)
+        return GenerateResult([[] for _ in range(b)], ["length"] * b, stats)
+    t0 = time.perf_counter()
+    compiled, fresh = prepared.compiled()
+    compile_s = time.perf_counter() - t0 if fresh else 0.0
+    t0 = time.perf_counter()
+    out, count, stop, accepts, steps = jax.block_until_ready(compiled(*prepared.args))
+    run_s = time.perf_counter() - t0
+    host_ = sharding.to_host
+    out, count, stop = host_(out)[:b], host_(count)[:b], host_(stop)[:b]
+    accepts = host_(accepts)[: int(host_(steps)), :b]
+    tokens = [out[i, : count[i]].tolist() for i in range(b)]
+    stats = result_stats(accepts, count, prepared.key.k, compile_s, run_s)
+    return GenerateResult(tokens, [STOP_NAMES[int(c)] for c in stop], stats)
+
+
+def generate_stream(
+    config: ModelConfig, params, prompts: list[list[int]], **options
+) -> Iterator[list[list[int]]]:
+    """Same decoding, one verify step per iteration from Python (for notebooks): yields, per step,
+    the tokens each sequence emitted in that step (the first yield is the prefill token). The
+    jitted prefill and step are the very functions the on-device loop runs. The same keyword
+    arguments as ``generate``."""
+    prepared = prepare(config, params, prompts, **options)
+    if prepared.max_new_tokens == 0:
+        return
+    carry = prepared.prefill()
+    n = prepared.n
+    seen = np.zeros(n, np.int64)
+    while True:
+        count = sharding.to_host(carry.count)[:n]
+        out = sharding.to_host(carry.out)[:n]
+        yield [out[i, seen[i] : count[i]].tolist() for i in range(n)]
+        seen = count
+        stop = sharding.to_host(carry.stop)
+        if (
+            not (stop == RUNNING).any()
+            or int(sharding.to_host(carry.step)) >= prepared.key.out_size
+        ):
+            return
+        carry = prepared.step(carry)
+
+
+def compile_count() -> int:
+    """How many generate programs have been compiled in this process (tests use it)."""
+    return CACHE.compiles
+
+
+def set_compile_cache_size(maxsize: int) -> None:
+    """Keep at most ``maxsize`` compiled generate programs (least recently used evicted first;
+    default 32). Each holds its executable (on CPU: a few MB)."""
+    CACHE.resize(maxsize)

@@ -1,0 +1,173 @@
+"""Host-side preparation of a decoding call: argument checks (before any device work), length
+buckets, the KV capacity formula, the program key, and placing the arguments on the device(s)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mtpspec import ops, sharding
+from mtpspec.config import ModelConfig
+from mtpspec.decoding import proposers
+from mtpspec.decoding.program import ProgramKey
+from mtpspec.decoding.sampling import Sampling, check_sampling_args
+from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
+from mtpspec.models.params import check_param_tree
+from mtpspec.sharding import DATA
+
+BUCKET = 16  # prompt lengths and max_new_tokens are padded to multiples of this
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def default_capacity(longest_prompt: int, max_new_tokens: int, num_draft: int) -> int:
+    """KV slots per sequence that ``generate`` allocates when not told: the prompt bucket, the
+    output bucket and one verify window (k + 1) of room."""
+    return (
+        round_up(longest_prompt, BUCKET) + round_up(max(max_new_tokens, 1), BUCKET) + num_draft + 1
+    )
+
+
+def check_prompts(config: ModelConfig, prompts) -> list[list[int]]:
+    if isinstance(prompts, np.ndarray | jax.Array):
+        raise TypeError("prompts must be a list of token-id lists (ragged batch), not an array")
+    if not isinstance(prompts, Sequence) or isinstance(prompts, str) or not prompts:
+        raise ValueError("prompts must be a non-empty list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        if not isinstance(p, Sequence) or isinstance(p, str):
+            raise TypeError(f"prompt {i} must be a list of ints, got {type(p).__name__}")
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty")
+        for t in p:
+            if isinstance(t, bool) or not isinstance(t, int | np.integer):
+                raise TypeError(f"prompt {i} holds a non-integer token {t!r}")
+            if not 0 <= int(t) < config.vocab_size:
+                raise ValueError(
+                    f"prompt {i} holds token {int(t)} outside the vocabulary "
+                    f"[0, {config.vocab_size})"
+                )
+        out.append([int(t) for t in p])
+    return out
+
+
+class HostArrays(NamedTuple):
+    tokens: np.ndarray  # [b, p_pad] int32 right-padded prompts (b padded to the data axis)
+    lengths: np.ndarray  # [b] int32
+    max_new: np.ndarray  # [b] int32
+    eos: np.ndarray  # [] int32 (−1: none)
+
+
+def _check_call(config, params, max_new_tokens, speculative, eos_id) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
+    check_param_tree(config, params, allow_missing_mtp=True)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if speculative is not None and not isinstance(speculative, SpecConfig):
+        raise TypeError(
+            f"speculative must be None or a SpecConfig, got {type(speculative).__name__}"
+        )
+    if speculative is not None:
+        speculative.validate(config, params)
+    if eos_id is not None and (
+        isinstance(eos_id, bool)
+        or not isinstance(eos_id, int)
+        or not 0 <= eos_id < config.vocab_size
+    ):
+        raise ValueError(
+            f"eos_id must be None or a token id in [0, {config.vocab_size}), got {eos_id!r}"
+        )
+
+
+def _check_capacity_arg(capacity, longest: int, p_pad: int) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+    if capacity < p_pad or capacity < longest + 1:
+        raise ValueError(
+            f"capacity {capacity} cannot hold the longest prompt ({longest} tokens, padded to "
+            f"{p_pad}) plus one generated token"
+        )
+    return capacity
+
+
+def prepare(
+    config, params, prompts, max_new_tokens, speculative, sampling: Sampling, eos_id, mesh, capacity
+) -> tuple[ProgramKey, HostArrays]:
+    """Every check, then (program key, host arrays). Raises ValueError / TypeError before any
+    device work."""
+    _check_call(config, params, max_new_tokens, speculative, eos_id)
+    prompts = check_prompts(config, prompts)
+    check_sampling_args(sampling.temperature, sampling.top_k, sampling.top_p)
+    k = speculative.num_draft if speculative else 0
+    longest = max(len(p) for p in prompts)
+    p_pad = round_up(longest, BUCKET)
+    if mesh is not None:
+        mesh = sharding.check_mesh(mesh)
+    sharded = mesh is not None
+    verify_method = ops.gdn_method_for(
+        speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
+    )
+    key = ProgramKey(
+        config=config,
+        k=k,
+        proposer=proposers.lookup(speculative.proposer).from_spec(speculative) if k else None,
+        commit=speculative.commit if speculative else DEFAULT_COMMIT,
+        verify_method=verify_method,
+        prefill_method=ops.gdn_method_for("auto", p_pad, sharded=sharded),
+        sampling=Sampling(float(sampling.temperature), int(sampling.top_k), float(sampling.top_p)),
+        capacity=default_capacity(longest, max_new_tokens, k)
+        if capacity is None
+        else _check_capacity_arg(capacity, longest, p_pad),
+        out_size=round_up(max(max_new_tokens, 1), BUCKET),
+        mesh=mesh,
+    )
+    b = len(prompts)
+    if mesh is not None:  # pad the batch to a multiple of the data axis with 1-token dummies
+        b = round_up(b, mesh.shape[DATA])
+    tokens = np.zeros((b, p_pad), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = p
+    lengths = np.ones((b,), np.int32)
+    lengths[: len(prompts)] = [len(p) for p in prompts]
+    max_new = np.ones((b,), np.int32)  # a dummy row stops right after its prefill token
+    max_new[: len(prompts)] = max_new_tokens
+    eos = np.int32(-1 if eos_id is None else eos_id)
+    return key, HostArrays(tokens, lengths, max_new, eos)
+
+
+def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -> tuple:
+    """(params, pparams, tokens, lengths, max_new, eos, key) on the device(s): under a mesh the
+    weights are placed by the sharding rules (already-placed leaves are kept) and the
+    per-sequence arrays split on ``data``."""
+    if s.mesh is None:
+        return (params, pparams, *(jnp.asarray(a) for a in arrays), jax.random.key(int(seed)))
+    mesh = s.mesh
+    params = sharding.shard_params(s.config, params, mesh)
+    if pparams is not None:
+        pparams = s.proposer.shard_params(pparams, mesh)
+
+    def rows(x):
+        return sharding.place_host_array(x, sharding.batch_sharding(mesh, x.ndim))
+
+    replicated = NamedSharding(mesh, P())
+    key_data = np.asarray(jax.random.key_data(jax.random.key(int(seed))))
+    return (
+        params,
+        pparams,
+        rows(arrays.tokens),
+        rows(arrays.lengths),
+        rows(arrays.max_new),
+        sharding.place_host_array(np.asarray(arrays.eos), replicated),
+        jax.random.wrap_key_data(sharding.place_host_array(key_data, replicated)),
+    )

@@ -1,0 +1,219 @@
+"""The jitted decoding program: prefill, then a ``lax.while_loop`` of verify steps built from the
+named stages (``stages``) and the proposer protocol (``proposers``).
+
+The decode state always holds every emitted token except the last (the *pending* token). Plain
+decoding is the same loop with k = 0 (window = [pending], no proposer).
+
+Static (the ``ProgramKey``; one compile each): model config, k, proposer (with its static
+options), commit strategy, the GDN forms of verify and prefill, sampling settings, capacity,
+output buffer size and the mesh. Everything per sequence (prompt lengths, max_new_tokens,
+accepted counts, stops) travels as arrays and masks.
+
+Compiled programs are kept in a bounded LRU cache (``ProgramCache``) keyed on (ProgramKey, the
+param tree's structure, the shape and dtype of every argument).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mtpspec import sharding
+from mtpspec.config import ModelConfig
+from mtpspec.decoding import stages
+from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
+from mtpspec.decoding.sampling import Sampling
+from mtpspec.decoding.stages import RUNNING, STOP_EOS, STOP_LENGTH
+from mtpspec.models.decoder import window_step_impl
+from mtpspec.models.state import init_decode_state
+
+# Salts of the per-purpose keys: fold_in(key, FIRST_TOKEN) for the prefill token,
+# fold_in(key, PROPOSER_INIT) for the proposer's init; inside step i, fold_in(fold_in(key, i), salt)
+# with ACCEPT / PROPOSE / UPDATE.
+FIRST_TOKEN, PROPOSER_INIT = 2**30, 2**30 + 1
+ACCEPT, PROPOSE, UPDATE = 0, 1, 2
+
+
+class ProgramKey(NamedTuple):
+    """Everything that selects a compiled program (hashable)."""
+
+    config: ModelConfig
+    k: int  # drafts per verify step (0: plain decoding)
+    proposer: Proposer | None  # None for plain decoding
+    commit: str
+    verify_method: str  # GDN form of the verify window
+    prefill_method: str  # GDN form of the prefill
+    sampling: Sampling
+    capacity: int  # KV slots per sequence
+    out_size: int  # output buffer per sequence (max_new_tokens bucket)
+    mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
+
+
+class Carry(NamedTuple):
+    state: Any  # the target's DecodeState (every emitted token but the pending one)
+    pending: jax.Array  # [b]
+    pstate: Any  # the proposer's state (None for plain decoding)
+    out: jax.Array  # [b, out_size]
+    count: jax.Array  # [b] emitted so far
+    stop: jax.Array  # [b] RUNNING or a stop code
+    accepts: jax.Array  # [out_size, b] accepted drafts per step (−1: not active)
+    step: jax.Array  # []
+    key: jax.Array
+
+
+def _constrain(s: ProgramKey, c: Carry) -> Carry:
+    """Under a mesh, pin the carry's layout: the decode state by the sharding rules (heads on
+    ``model``, batch on ``data``), the proposer's state by its own rule, the rest batch-on-data."""
+    if s.mesh is None:
+        return c
+
+    def rows(x):
+        return jax.lax.with_sharding_constraint(x, sharding.batch_sharding(s.mesh, x.ndim))
+
+    pstate = c.pstate if s.proposer is None else s.proposer.constrain(s, c.pstate, s.mesh)
+    return c._replace(
+        state=sharding.constrain_state(s.config, c.state, s.mesh),
+        pstate=pstate,
+        pending=rows(c.pending),
+        out=rows(c.out),
+        count=rows(c.count),
+        stop=rows(c.stop),
+        accepts=jax.lax.with_sharding_constraint(c.accepts, NamedSharding(s.mesh, P(None, "data"))),
+    )
+
+
+def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, key) -> Carry:
+    """Prompt forward, the first token, the proposer's init."""
+    b = prompts.shape[0]
+    state = init_decode_state(s.config, b, s.capacity)
+    out = window_step_impl(s.config, params, state, prompts, lengths, s.prefill_method)
+    last_logits = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    first = s.sampling.select(
+        last_logits, jax.random.fold_in(jax.random.fold_in(key, FIRST_TOKEN), 0)
+    )
+    state, pstate = out.state, None
+    if s.proposer is not None:
+        pre = Prefilled(prompts, lengths, first, out.hidden, state)
+        pstate, state = s.proposer.init(
+            s, params, pparams, pre, jax.random.fold_in(key, PROPOSER_INIT)
+        )
+    count = jnp.ones((b,), jnp.int32)
+    stop = jnp.where(first == eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
+    carry = Carry(
+        state=state,
+        pending=first,
+        pstate=pstate,
+        out=jnp.zeros((b, s.out_size), jnp.int32).at[:, 0].set(first),
+        count=count,
+        stop=stages.check_capacity(s, state.lengths, stop),
+        accepts=jnp.full((s.out_size, b), -1, jnp.int32),
+        step=jnp.int32(0),
+        key=key,
+    )
+    return _constrain(s, carry)
+
+
+def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
+    """One verify step: propose → verify → accept → commit → emit → update."""
+    b = c.pending.shape[0]
+    active = c.stop == RUNNING
+    step_key = jax.random.fold_in(c.key, c.step)
+    proposal = None
+    drafts = q = jnp.zeros((b, 0), jnp.int32)
+    if s.proposer is not None:
+        key = jax.random.fold_in(step_key, PROPOSE)
+        proposal = s.proposer.propose(s, params, pparams, c.pstate, c.state, c.pending, active, key)
+        drafts, q = proposal.drafts, proposal.q
+    verified = stages.verify(s, params, c.state, c.pending, drafts, active)
+    accepted, token = stages.accept(
+        s, jax.random.fold_in(step_key, ACCEPT), verified.logits, drafts, q
+    )
+    n = jnp.where(active, accepted + 1, 0)
+    state = stages.commit(s, c.state, verified, n)
+    em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
+    pstate = c.pstate
+    if s.proposer is not None:
+        done = Committed(state, verified.hidden, em.tokens, n)
+        key = jax.random.fold_in(step_key, UPDATE)
+        pstate, state = s.proposer.update(s, params, pparams, c.pstate, proposal.scratch, done, key)
+    carry = Carry(
+        state=state,
+        pending=jnp.where(active, token, c.pending),
+        pstate=pstate,
+        out=em.out,
+        count=em.count,
+        stop=stages.check_capacity(s, state.lengths, em.stop),
+        accepts=c.accepts.at[c.step].set(jnp.where(active, accepted, -1)),
+        step=c.step + 1,
+        key=c.key,
+    )
+    return _constrain(s, carry)
+
+
+def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, key):
+    """Prefill and the whole loop; returns (out, count, stop, accepts, steps)."""
+    carry = prefill(s, params, pparams, prompts, lengths, max_new, eos, key)
+
+    def cond(c):
+        return (c.step < s.out_size) & jnp.any(c.stop == RUNNING)
+
+    carry = jax.lax.while_loop(cond, lambda c: step(s, params, pparams, max_new, eos, c), carry)
+    return carry.out, carry.count, carry.stop, carry.accepts, carry.step
+
+
+run_jit = jax.jit(run, static_argnums=0)
+prefill_jit = jax.jit(prefill, static_argnums=0)
+step_jit = jax.jit(step, static_argnums=0)
+
+
+class ProgramCache:
+    """Compiled ``run`` programs, least recently used evicted beyond ``maxsize``.
+
+    Key: (ProgramKey, the param tree's structure, (shape, dtype) of every argument leaf). The
+    ProgramKey holds the bucketed prompt length and max_new_tokens (through ``out_size`` and the
+    prompt array's shape), so nearby requests share an entry. ``compiles`` counts every compile
+    in this process (evictions do not lower it)."""
+
+    def __init__(self, maxsize: int = 32):
+        self.maxsize = maxsize
+        self.compiles = 0
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    @staticmethod
+    def signature(s: ProgramKey, args) -> tuple:
+        leaves = jax.tree.leaves(args)
+        return (s, jax.tree.structure(args[0]), tuple((x.shape, str(x.dtype)) for x in leaves))
+
+    def __contains__(self, sig) -> bool:
+        return sig in self._entries
+
+    def get(self, s: ProgramKey, args):
+        """(compiled program, compiled now?) for these static settings and arguments."""
+        sig = self.signature(s, args)
+        if sig in self._entries:
+            self._entries.move_to_end(sig)
+            return self._entries[sig], False
+        compiled = run_jit.lower(s, *args).compile()
+        self.compiles += 1
+        self._entries[sig] = compiled
+        while len(self._entries) > self.maxsize:
+            self._entries.popitem(last=False)
+        return compiled, True
+
+    def resize(self, maxsize: int) -> None:
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+            raise ValueError(f"the compile cache size must be an int >= 1, got {maxsize!r}")
+        self.maxsize = maxsize
+        while len(self._entries) > maxsize:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+CACHE = ProgramCache()

@@ -1,0 +1,111 @@
+"""A separate (smaller) mtpspec model as proposer: any hybrid or attention-only model sharing the
+target's vocabulary (``SpecConfig(proposer="draft", draft_config=..., draft_params=...)``).
+
+Its decode state holds every emitted token but the pending one, like the target's. ``propose``
+runs k + 1 one-token steps over [pending, d_1..d_k] (so that an all-accepted window is folded in
+too) and hands their commit data to ``update``, which commits the draft state to the accepted
+prefix with the same strategy as the target (``commit_window``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax.numpy as jnp
+
+from mtpspec import sharding
+from mtpspec.config import ModelConfig
+from mtpspec.decoding.commit import commit_window
+from mtpspec.decoding.proposers import base
+from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+from mtpspec.models.decoder import window_step_impl
+from mtpspec.models.params import check_param_tree
+from mtpspec.models.state import GDNCommit, init_decode_state
+from mtpspec.ops import GDNAux
+
+
+def stack_commits(steps: list[tuple]) -> tuple:
+    """Per-layer commit data of t one-token passes, joined as if from one t-token window."""
+    joined = []
+    for per_layer in zip(*steps, strict=True):
+        if not isinstance(per_layer[0], GDNCommit):
+            joined.append(per_layer[0])
+            continue
+        cat = {
+            f: jnp.concatenate([getattr(c, f) for c in per_layer], axis=1)
+            for f in ("conv_in", "k", "v", "g", "beta")
+        }
+        states = per_layer[0].aux.states
+        aux = GDNAux(
+            u=jnp.concatenate([c.aux.u for c in per_layer], axis=1),
+            g_cum=jnp.cumsum(cat["g"], axis=1),
+            states=None
+            if states is None
+            else jnp.concatenate([c.aux.states for c in per_layer], axis=1),
+        )
+        joined.append(GDNCommit(aux=aux, **cat))
+    return tuple(joined)
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class DraftModelProposer(Proposer):
+    name: ClassVar[str] = "draft"
+    config: ModelConfig | None = None  # the draft model's
+
+    @classmethod
+    def check(cls, spec, config, params) -> None:
+        if not isinstance(spec.draft_config, ModelConfig) or spec.draft_params is None:
+            raise ValueError("proposer='draft' needs draft_config (a ModelConfig) and draft_params")
+        if spec.draft_config.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"draft model vocabulary ({spec.draft_config.vocab_size}) differs from the "
+                f"target's ({config.vocab_size})"
+            )
+        check_param_tree(spec.draft_config, spec.draft_params, name="draft_params")
+
+    @classmethod
+    def from_spec(cls, spec) -> DraftModelProposer:
+        return cls(spec.draft_config)
+
+    def device_params(self, spec):
+        return spec.draft_params
+
+    def shard_params(self, pparams, mesh):
+        return sharding.shard_params(self.config, pparams, mesh)
+
+    def init(self, s, params, pparams, pre: Prefilled, key):
+        b = pre.prompts.shape[0]
+        dstate = init_decode_state(self.config, b, s.capacity)
+        out = window_step_impl(
+            self.config, pparams, dstate, pre.prompts, pre.lengths, s.prefill_method
+        )
+        return out.state, pre.state
+
+    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+        valid = active.astype(jnp.int32)
+        keep_states = s.commit == "states"
+        dstate, commits = pstate, []
+
+        def step(token):
+            nonlocal dstate
+            out = window_step_impl(
+                self.config, pparams, dstate, token[:, None], valid, "recurrent", keep_states
+            )
+            dstate = out.state
+            commits.append(out.commit)
+            return out.logits[:, 0]
+
+        drafts, q = base.select_drafts(
+            s, lambda i, prev: step(pending if prev is None else prev), key, s.k
+        )
+        step(drafts[:, -1])  # fold d_k in too: an all-accepted window keeps it
+        return Proposal(drafts, q, scratch=(dstate, stack_commits(commits)))
+
+    def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
+        after, commits = scratch
+        return commit_window(pstate, after, commits, done.n, s.commit), done.state
+
+    def constrain(self, s, pstate, mesh):
+        return sharding.constrain_state(self.config, pstate, mesh)

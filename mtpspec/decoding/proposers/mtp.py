@@ -1,0 +1,66 @@
+"""The model's own MTP head as proposer.
+
+The MTP module's row i pairs the target's final-normed hidden h_i with the token at i + 1 and
+predicts the token at i + 2. Its KV cache lives in the target's ``DecodeState`` (``state.mtp``,
+one row behind the target once caught up).
+
+  init / update  fold the newly accepted rows (hidden of window row j + the token after it) into
+                 the MTP cache; keep the MTP hidden of the last one (row n − 1 pairs the last
+                 accepted hidden with the newly emitted token: it predicts draft 1)
+  propose        draft 1 from that hidden through the shared LM head; drafts 2..k chain the MTP
+                 module on its own output hidden (vLLM's rule) on a throw-away copy of the cache
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.decoding.proposers import base
+from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
+
+
+class MTPState(NamedTuple):
+    hidden: jax.Array  # [b, 1, H] MTP output hidden of the last folded-in row
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class MTPProposer(Proposer):
+    name: ClassVar[str] = "mtp"
+
+    @classmethod
+    def check(cls, spec, config, params) -> None:
+        if not config.mtp_num_layers or "mtp" not in params:
+            raise ValueError("proposer='mtp' needs a model with an MTP head (mtp.* weights)")
+
+    def _fold(self, s, params, state, hidden, next_tokens, n):
+        y, state = mtp_window_hidden_impl(s.config, params, state, hidden, next_tokens, n)
+        row = jnp.clip(n - 1, 0, hidden.shape[1] - 1)[:, None, None]
+        return MTPState(jnp.take_along_axis(y, row, axis=1)), state
+
+    def init(self, s, params, pparams, pre: Prefilled, key):
+        p = pre.prompts.shape[1]
+        nxt = jnp.concatenate([pre.prompts[:, 1:], pre.prompts[:, :1]], axis=1)
+        nxt = jnp.where(jnp.arange(p)[None] == (pre.lengths - 1)[:, None], pre.first[:, None], nxt)
+        return self._fold(s, params, pre.state, pre.hidden, nxt, pre.lengths)
+
+    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+        h, tmp = pstate.hidden, state
+        one = jnp.ones_like(state.lengths)
+
+        def logits_fn(i, previous):
+            nonlocal h, tmp
+            if i == 0:
+                return lm_logits(s.config, params, h)[:, 0]
+            logits, h, tmp = mtp_window_step_impl(s.config, params, tmp, h, previous[:, None], one)
+            return logits[:, 0]
+
+        return Proposal(*base.select_drafts(s, logits_fn, key, s.k))
+
+    def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
+        return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)

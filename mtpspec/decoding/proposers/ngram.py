@@ -1,0 +1,92 @@
+"""n-gram prompt lookup over each sequence's own history (prompt + emitted tokens), on device.
+
+The worked example of docs/design.md ("Adding a proposer"): its per-sequence state is the token
+history; ``init`` writes the prompt and the first token, ``update`` appends what each step
+emitted, ``propose`` looks the history's last n tokens up in the history itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+
+
+def ngram_propose(
+    hist: jax.Array,  # [b, n] int32: prompt + emitted tokens (pending included)
+    hist_len: jax.Array,  # [b] int32
+    k: int,
+    n_min: int,
+    n_max: int,
+) -> jax.Array:  # [b, k] int32
+    """Find the latest earlier occurrence of the history's last n tokens (longest n in
+    n_max..n_min first) and propose the k tokens that followed it. Positions past the history and
+    sequences with no match propose the last token (drafts must only be valid ids; a bad draft
+    costs acceptance, never correctness)."""
+    b, size = hist.shape
+    pos = jnp.arange(size)[None, :]  # candidate match end p (the match is hist[p−n+1 .. p])
+    last = hist_len - 1  # index of the pending token
+    best = jnp.full((b,), -1, jnp.int32)
+    eq_all = jnp.ones((b, size), bool)
+    for j in range(n_max):
+        shifted = jnp.roll(hist, j, axis=1)  # shifted[p] = hist[p − j]
+        tail = jnp.take_along_axis(hist, jnp.maximum(last - j, 0)[:, None], 1)
+        eq_all = eq_all & (shifted == tail) & (pos - j >= 0)
+        n = j + 1
+        if n >= n_min:
+            ok = eq_all & (pos < last[:, None])  # earlier than the suffix itself
+            cand = jnp.max(jnp.where(ok, pos, -1), axis=1).astype(jnp.int32)
+            best = jnp.where(cand >= 0, cand, best)  # longer n (later j) overrides shorter
+    idx = best[:, None] + 1 + jnp.arange(k)[None, :]
+    fallback = jnp.take_along_axis(hist, last[:, None], 1)
+    ok = (best[:, None] >= 0) & (idx <= last[:, None])
+    drafts = jnp.take_along_axis(hist, jnp.clip(idx, 0, size - 1), 1)
+    return jnp.where(ok, drafts, fallback).astype(jnp.int32)
+
+
+class NgramState(NamedTuple):
+    hist: jax.Array  # [b, capacity + 1] int32: prompt + emitted tokens, the pending one included
+
+
+@register
+@dataclasses.dataclass(frozen=True)
+class NgramProposer(Proposer):
+    name: ClassVar[str] = "ngram"
+    n_min: int = 1
+    n_max: int = 3
+
+    @classmethod
+    def check(cls, spec, config, params) -> None:
+        lo, hi = spec.ngram_min, spec.ngram_max
+        ints = all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi))
+        if not (ints and 1 <= lo <= hi):
+            raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {lo}, {hi}")
+
+    @classmethod
+    def from_spec(cls, spec) -> NgramProposer:
+        return cls(spec.ngram_min, spec.ngram_max)
+
+    def init(self, s, params, pparams, pre: Prefilled, key):
+        b, p = pre.prompts.shape
+        hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :p].set(pre.prompts)
+        return NgramState(hist.at[jnp.arange(b), pre.lengths].set(pre.first)), pre.state
+
+    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+        drafts = ngram_propose(pstate.hist, state.lengths + 1, s.k, self.n_min, self.n_max)
+        if s.sampling.greedy:
+            q = jnp.zeros(drafts.shape + (0,), jnp.float32)
+        else:  # deterministic drafts: q is one-hot on the draft
+            q = jax.nn.one_hot(drafts, s.config.vocab_size, dtype=jnp.float32)
+        return Proposal(drafts, q)
+
+    def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
+        b, t = done.emitted.shape
+        j = jnp.arange(t)[None, :]
+        start = done.state.lengths - done.n + 1  # where the window's first emitted token goes
+        idx = jnp.where(j < done.n[:, None], start[:, None] + j, s.capacity + 1)
+        hist = pstate.hist.at[jnp.arange(b)[:, None], idx].set(done.emitted, mode="drop")
+        return NgramState(hist), done.state

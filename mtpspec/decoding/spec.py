@@ -1,0 +1,63 @@
+"""``SpecConfig``: what speculative decoding to run, and its checks (host side, before any device
+work).
+
+The default commit strategy is stated here once (``DEFAULT_COMMIT``) and used by ``SpecConfig``,
+the CLI flags and every script. It is "replay": on the shipped model it costs the same as
+"states" and less than "scan" per commit, and keeps 7× less commit data than "states" (which
+stores k + 1 GDN states per layer: 72 MiB per window position and sequence on Qwen3-Next-80B);
+docs/design.md compares the three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mtpspec.config import ModelConfig
+from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.ops import GDN_METHODS
+
+DEFAULT_COMMIT = "replay"
+DEFAULT_NUM_DRAFT = 2
+VERIFY_METHODS = GDN_METHODS
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpecConfig:
+    """Speculative decoding settings.
+
+    proposer: a registered proposer name (``decoding.proposers.names()``): "mtp" (the model's MTP
+    head, chained for k > 1), "ngram" (prompt lookup over each sequence's history, n in
+    ngram_min..ngram_max), "draft" (a separate mtpspec model sharing the vocabulary:
+    ``draft_config``, ``draft_params``; its state is committed like the target's).
+    num_draft: k drafts per verify step. commit: "scan" | "states" | "replay" (equal results;
+    default ``DEFAULT_COMMIT``). verify_method: GDN form inside the verify window ("auto" asks
+    ``ops.resolve_gdn_method``).
+    """
+
+    proposer: str = "mtp"
+    num_draft: int = DEFAULT_NUM_DRAFT
+    commit: str = DEFAULT_COMMIT
+    verify_method: str = "auto"
+    ngram_min: int = 1
+    ngram_max: int = 3
+    draft_config: ModelConfig | None = None
+    draft_params: Any = None
+
+    def validate(self, config: ModelConfig, params) -> None:
+        """Raise ValueError / TypeError naming the first problem with these settings for the
+        target ``config`` / ``params`` (the proposer checks its own options)."""
+        from mtpspec.decoding import proposers
+
+        k = self.num_draft
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_draft must be an int >= 1, got {k!r}")
+        if self.commit not in COMMIT_STRATEGIES:
+            raise ValueError(
+                f"unknown commit strategy {self.commit!r}; expected one of {COMMIT_STRATEGIES}"
+            )
+        if self.verify_method not in VERIFY_METHODS:
+            raise ValueError(
+                f"unknown verify_method {self.verify_method!r}; expected one of {VERIFY_METHODS}"
+            )
+        proposers.lookup(self.proposer).check(self, config, params)

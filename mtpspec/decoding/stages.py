@@ -1,0 +1,86 @@
+"""The stages of one verify step, each a pure function of arrays (jit-traceable, static shapes).
+
+    propose   the proposer's k drafts (``proposers``)
+    verify    one target forward over the window [pending, d_1..d_k]: k + 1 logits, hidden states,
+              the state after the whole window and the per-layer commit data
+    accept    a = accepted drafts (greedy: longest prefix equal to the target's argmax; sampling:
+              lossless rejection sampling) and the new token (correction, or bonus when a = k)
+    commit    the state holding exactly the first n = a + 1 window positions
+    emit      write d_1..d_a and the new token to the output, apply EOS / max_new_tokens
+    update    the proposer folds in what was accepted (``proposers``)
+
+``s`` is the program key (``program.ProgramKey``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.decoding.commit import commit_window
+from mtpspec.models.decoder import StepOutput, window_step_impl
+from mtpspec.models.state import DecodeState
+
+RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
+STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
+
+
+def verify(s, params, state: DecodeState, pending, drafts, active) -> StepOutput:
+    """Fold [pending, d_1..d_k] into ``state`` (finished sequences: nothing) in one forward."""
+    window = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, k + 1]
+    valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
+    keep_states = s.commit == "states"
+    return window_step_impl(s.config, params, state, window, valid, s.verify_method, keep_states)
+
+
+def accept(s, key, logits, drafts, q) -> tuple[jax.Array, jax.Array]:
+    """(a [b] accepted drafts, new token [b]) from the window's logits [b, k + 1, V]."""
+    if s.k and not s.sampling.greedy:  # lossless rejection sampling
+        return s.sampling.accept(key, logits, drafts, q)
+    target = s.sampling.select(logits, key)  # [b, k + 1] (plain sampling when k = 0)
+    same = (drafts == target[:, : s.k]).astype(jnp.int32)
+    accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
+    return accepted, jnp.take_along_axis(target, accepted[:, None], axis=1)[:, 0]
+
+
+def commit(s, snapshot: DecodeState, verified: StepOutput, n) -> DecodeState:
+    """The target state after exactly the first ``n`` [b] window positions."""
+    if not s.k:  # plain decoding: the window is exactly the accepted prefix
+        return verified.state
+    return commit_window(snapshot, verified.state, verified.commit, n, s.commit)
+
+
+class Emitted(NamedTuple):
+    out: jax.Array  # [b, out_size] output buffer with this step's tokens written
+    count: jax.Array  # [b] tokens emitted so far
+    stop: jax.Array  # [b] RUNNING or a stop code
+    tokens: jax.Array  # [b, k + 1] d_1..d_a then the new token (the token after each window row)
+
+
+def emit(s, out, count, stop, drafts, accepted, token, n, max_new, eos) -> Emitted:
+    """Write this step's n tokens (fewer at EOS — included — or at max_new_tokens)."""
+    b = out.shape[0]
+    active = stop == RUNNING
+    j = jnp.arange(s.k + 1)[None, :]
+    tokens = jnp.where(
+        j < accepted[:, None], jnp.concatenate([drafts, token[:, None]], axis=1), token[:, None]
+    )
+    is_eos = (tokens == eos) & (j < n[:, None])
+    first_eos = jnp.min(jnp.where(is_eos, j, s.k + 1), axis=1)
+    hit_eos = first_eos <= s.k
+    m = jnp.where(hit_eos, first_eos + 1, n)
+    room = max_new - count
+    hit_len = m >= room
+    m = jnp.minimum(m, room)
+    idx = jnp.where(j < m[:, None], count[:, None] + j, s.out_size)  # out of range = dropped
+    out = out.at[jnp.arange(b)[:, None], idx].set(tokens, mode="drop")
+    stop = jnp.where(active & hit_eos, STOP_EOS, jnp.where(active & hit_len, STOP_LENGTH, stop))
+    return Emitted(out, count + m, stop, tokens)
+
+
+def check_capacity(s, lengths, stop):
+    """Stop sequences whose next verify window would not fit (never wrap around)."""
+    full = lengths + s.k + 1 > s.capacity
+    return jnp.where((stop == RUNNING) & full, STOP_CAPACITY, stop)

@@ -1,0 +1,57 @@
+"""Acceptance statistics: the one definition of τ and per-position acceptance, used by
+``generate``'s results, the CLI, the benchmarks and the notebooks.
+
+τ (tokens per verify step) = Σ (a + 1) over a sequence's verify steps ÷ their number, where a is
+the number of drafts a step accepted; the prefill token is not from a verify step and is not
+counted. Position acceptance i = fraction of verify steps that accepted at least i drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def acceptance(accepted: Iterable[Sequence[int]], k: int) -> dict:
+    """Pooled statistics of per-sequence accepted-draft lists (−1 entries: the sequence was not
+    active at that step and are ignored). Returns ``tau``, ``position_acceptance`` (k entries),
+    ``steps`` (verify steps, all sequences) and ``tau_per_sequence``."""
+    rows = [np.asarray([a for a in seq if a >= 0], np.int64) for seq in accepted]
+    flat = np.concatenate(rows) if rows else np.zeros((0,), np.int64)
+    steps = len(flat)
+    return {
+        "tau": float((flat + 1).sum() / max(steps, 1)),
+        "tau_per_sequence": [float((r + 1).sum() / max(len(r), 1)) for r in rows],
+        "position_acceptance": [float((flat >= i).sum() / max(steps, 1)) for i in range(1, k + 1)],
+        "steps": steps,
+    }
+
+
+def pooled(stats: Iterable[dict]) -> dict:
+    """``acceptance`` over the sequences of several ``generate`` results' stats (e.g. one per
+    prompt at batch 1)."""
+    stats = list(stats)
+    if not stats:
+        raise ValueError("pooled() needs at least one result's stats")
+    k = stats[0]["num_draft"]
+    if any(s["num_draft"] != k for s in stats):
+        raise ValueError("pooled() needs results with the same num_draft")
+    return acceptance([seq for s in stats for seq in s["accepted"]], k)
+
+
+def result_stats(accepts: np.ndarray, count: np.ndarray, k: int, compile_s, run_s) -> dict:
+    """``GenerateResult.stats`` from the program's per-step accepted counts [steps, b]."""
+    per_seq = accepts.T.tolist()
+    summary = acceptance(per_seq, k)
+    return {
+        "steps": (accepts >= 0).sum(axis=0).tolist(),
+        "accepted": per_seq,
+        "tau": summary["tau"],
+        "tau_per_sequence": summary["tau_per_sequence"],
+        "position_acceptance": summary["position_acceptance"],
+        "num_draft": k,
+        "compile_s": compile_s,
+        "run_s": run_s,
+        "tokens_per_s": float(count.sum() / run_s) if run_s > 0 else float("nan"),
+    }
