@@ -18,7 +18,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CODE = sorted(
-    p for d in ("mtpspec", "experiments") for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts
+    p
+    for d in ("mtpspec", "experiments")
+    for p in (ROOT / d).rglob("*.py")
+    if ".venv" not in p.parts
 )
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 100
 
