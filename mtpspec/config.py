@@ -177,7 +177,7 @@ def tiny_moe(**overrides) -> ModelConfig:
 
 def default_model(**overrides) -> ModelConfig:
     """The shape of the embedded default model (byte vocabulary): GDN with full attention every
-    third layer, like Qwen, and one MTP layer. See BUILD_NOTES.md for why this shape."""
+    third layer, like Qwen, and one MTP layer. docs/decisions.md says why this shape."""
     base = ModelConfig(
         family="qwen3_5",
         vocab_size=256,

@@ -153,7 +153,7 @@ def _gdn_channels_split(config: ModelConfig, m: int) -> str | None:
     """w_qkv columns / conv channels / the conv window: split (contiguously) only when both the
     key and the value head counts divide, so the split-or-replicate decision matches the head
     rules. The columns are [q | k | v], so a shard holds a channel range, not (q_i, k_i, v_i):
-    exact under GSPMD, and a grouped layout is future work (BUILD_NOTES)."""
+    exact under GSPMD, and a grouped layout is future work (docs/decisions.md, "Sharding")."""
     ok = config.linear_num_key_heads % m == 0 and config.linear_num_value_heads % m == 0
     return MODEL if ok else None
 

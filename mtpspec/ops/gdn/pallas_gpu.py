@@ -16,7 +16,7 @@ chunk-local cumulative gate, computed by the wrapper):
 Columns of S are independent in every equation above (T and W depend on k, β, g only), which is
 why value columns can be split across programs: each recomputes the small C×C solve.
 
-Why these choices (BUILD_NOTES.md, issue 8, has the long form):
+Why these choices (docs/decisions.md, "Pallas kernel", has the long form):
 - Lowering: Triton (``compiler_params=pallas.triton.CompilerParams``), chosen explicitly. Its
   ``dot`` honours ``Precision.HIGHEST`` as IEEE float32 (the forms must agree to 1e-5; TF32 would
   not), and it lowers plain ``jnp`` ops on register tiles, which is what this kernel is made of.
