@@ -3,7 +3,7 @@
 Rules (Megatron-style tensor parallelism on ``model``, data parallelism on ``data``):
 
 * attention: query/gate/key/value projections split by heads (columns), ``w_o`` by rows; the KV
-  caches [b, n, h_kv, d] split on their heads like ``w_k`` / ``w_v``;
+  caches [b, h_kv, n, d] split on their heads like ``w_k`` / ``w_v``;
 * GDN: ``w_qkv`` / ``conv`` split on their channels, ``w_z`` / ``w_b`` / ``w_a`` / ``A_log`` /
   ``dt_bias`` on value heads, ``w_out`` by rows; the recurrent state [b, h_v, k, v] on value heads
   and the conv window [b, w − 1, c] on channels, each exactly as the weight that writes it;
@@ -288,7 +288,7 @@ def state_specs(config: ModelConfig, batch: int, mesh) -> DecodeState:
     sizes = _sizes(mesh)
     b = DATA if batch % sizes[DATA] == 0 else None
     m = sizes[MODEL]
-    kv = P(b, None, _split(config.num_key_value_heads, m), None)
+    kv = P(b, _split(config.num_key_value_heads, m), None, None)
     gdn = GDNCache(
         state=P(b, _split(config.linear_num_value_heads, m), None, None),
         conv=P(b, None, _gdn_channels_split(config, m)),

@@ -37,7 +37,7 @@ def test_state_is_split_exactly_like_the_weights_that_write_it(config_fn, m):
         if t == FULL:
             kv = state.layers[i].k
             assert kv == state.layers[i].v
-            assert kv[2] == layer["attn"]["w_k"][1] == layer["attn"]["w_v"][1]
+            assert kv[1] == layer["attn"]["w_k"][1] == layer["attn"]["w_v"][1]
             assert layer["attn"]["w_q"][1] == layer["attn"]["w_o"][0]
             assert kv[0] == "data"
         else:
@@ -46,7 +46,7 @@ def test_state_is_split_exactly_like_the_weights_that_write_it(config_fn, m):
             assert st.state[1] == g["w_z"][1] == g["w_b"][1] == g["A_log"][0] == g["w_out"][0]
             assert st.conv[2] == g["w_qkv"][1] == g["conv"][0]
     if config.mtp_num_layers:
-        assert state.mtp.k[2] == specs["mtp"]["layer"]["attn"]["w_k"][1]
+        assert state.mtp.k[1] == specs["mtp"]["layer"]["attn"]["w_k"][1]
 
 
 def test_rules_split_heads_experts_hidden_and_vocab_when_they_divide():

@@ -48,6 +48,30 @@ def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.A
 # ---- gated full attention -----------------------------------------------------------------------
 
 
+def grouped_attention(
+    q: jax.Array,  # [b, t, hq, d] queries (rotated, normed)
+    keys: jax.Array,  # [b, s, g, d] ("bsgd") or [b, g, s, d] ("bgsd"); g = kv heads
+    values: jax.Array,  # same layout as keys
+    q_pos: jax.Array,  # [b, t] int32 positions of the queries
+    key_pos: jax.Array,  # [b, s] int32 positions of the keys
+    layout: str,
+) -> jax.Array:  # [b, t, hq, d] float32
+    """Causal softmax attention where query head h reads kv head h // (hq / g) (GQA, as HF's
+    ``repeat_interleave``), computed per kv-head group: the queries are reshaped to
+    [b, t, g, r, d] and the keys are never repeated or transposed (the decode cache is stored
+    head-major so that the products read it in place)."""
+    b, t, hq, d = q.shape
+    g = keys.shape[2] if layout == "bsgd" else keys.shape[1]
+    qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    kf, vf = keys.astype(jnp.float32), values.astype(jnp.float32)
+    scores = jnp.einsum(f"btgrd,{layout}->bgrts", qg, kf, precision=HIGHEST)
+    visible = key_pos[:, None, :] <= q_pos[:, :, None]  # causal, [b, t, s]
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    o = jnp.einsum(f"bgrts,{layout}->btgrd", probs, vf, precision=HIGHEST)
+    return o.reshape(b, t, hq, d)
+
+
 def attention(
     config: ModelConfig,
     p: dict,
@@ -66,29 +90,21 @@ def attention(
     positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, t]
     q, k = apply_rope(config, q, positions), apply_rope(config, k, positions)
 
-    if cache is None:
-        keys, values, key_pos = k, v, positions
+    if cache is None:  # the window attends to itself: keys [b, s, g, d]
         new_cache = None
-    else:
+        keys, values, key_pos, layout = k, v, positions, "bsgd"
+    else:  # the cache, head-major [b, g, n, d]: grouped products read it in place
         dtype = cache.k.dtype
         rows = jnp.arange(b)[:, None]
         # Writes beyond capacity are dropped (never wrap around); callers check capacity first.
-        new_k = cache.k.at[rows, positions].set(k.astype(dtype), mode="drop")
-        new_v = cache.v.at[rows, positions].set(v.astype(dtype), mode="drop")
+        new_k = cache.k.at[rows, :, positions].set(k.astype(dtype), mode="drop")
+        new_v = cache.v.at[rows, :, positions].set(v.astype(dtype), mode="drop")
         new_cache = AttentionCache(new_k, new_v)
-        keys, values = new_k, new_v
-        key_pos = jnp.broadcast_to(jnp.arange(new_k.shape[1], dtype=jnp.int32), (b, new_k.shape[1]))
-
-    r = hq // hkv
-    keys = jnp.repeat(keys.astype(jnp.float32), r, axis=2)
-    values = jnp.repeat(values.astype(jnp.float32), r, axis=2)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), keys, precision=HIGHEST) * (
-        hd**-0.5
-    )
-    visible = key_pos[:, None, :] <= positions[:, :, None]  # causal, [b, q, k]
-    scores = jnp.where(visible[:, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    o = jnp.einsum("bhqk,bkhd->bqhd", probs, values, precision=HIGHEST).reshape(b, t, hq * hd)
+        n = new_k.shape[2]
+        keys, values, layout = new_k, new_v, "bgsd"
+        key_pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+    o = grouped_attention(q, keys, values, positions, key_pos, layout)
+    o = o.reshape(b, t, hq * hd)
     o = o * jax.nn.sigmoid(gate)
     del valid  # padded queries compute garbage that is never used; their KV rows stay stale
     return linear(o.astype(x.dtype), p["w_o"]), new_cache

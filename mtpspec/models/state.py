@@ -16,15 +16,16 @@ from mtpspec.ops import GDNAux
 
 
 class AttentionCache(NamedTuple):
-    """Fixed-capacity KV of one attention layer. Entries at or beyond a sequence's length are
-    stale and masked, never read."""
+    """Fixed-capacity KV of one attention layer, head-major (the layout decode reads: each kv
+    head's rows are contiguous, so grouped attention runs without copies). Entries at or beyond
+    a sequence's length are stale and masked, never read."""
 
-    k: jax.Array  # [b, n, h_kv, d]
-    v: jax.Array  # [b, n, h_kv, d]
+    k: jax.Array  # [b, h_kv, n, d]
+    v: jax.Array  # [b, h_kv, n, d]
 
     @classmethod
     def init(cls, config: ModelConfig, batch: int, capacity: int) -> AttentionCache:
-        shape = (batch, capacity, config.num_key_value_heads, config.head_dim)
+        shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
         dtype = jnp.dtype(config.dtype)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
@@ -100,8 +101,8 @@ class DecodeState(NamedTuple):
     def capacity(self) -> int:
         for cache in self.layers:
             if isinstance(cache, AttentionCache):
-                return cache.k.shape[1]
-        return self.mtp.k.shape[1] if self.mtp is not None else 2**31 - 1
+                return cache.k.shape[2]
+        return self.mtp.k.shape[2] if self.mtp is not None else 2**31 - 1
 
 
 def init_decode_state(config: ModelConfig, batch: int, capacity: int) -> DecodeState:

@@ -139,7 +139,7 @@ def test_decode_state_is_sharded_with_its_heads(model, reference):
     ):
         assert x.sharding.is_equivalent_to(NamedSharding(prepared.key.mesh, spec), x.ndim), (spec,)
     kv = carry.state.layers[1].k
-    assert kv.addressable_shards[0].data.shape == (2, kv.shape[1], 8 // 4, 8)
+    assert kv.addressable_shards[0].data.shape == (2, 8 // 4, kv.shape[2], 8)
     gdn = carry.state.layers[0].state
     assert gdn.addressable_shards[0].data.shape == (2, 16 // 4, 8, 8)
     # the streaming API runs the same sharded prefill and step from Python
