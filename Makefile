@@ -10,9 +10,13 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+# The C++ CPU linear (mtpspec/kernels/cpu_linear.cc) compiles against jaxlib's XLA FFI headers, so
+# jax goes in first and the package builds without isolation. Without a C++ compiler the install
+# still succeeds and the kernel is reported unavailable (mtpspec.kernels.cpu_linear.status()).
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml mtpspec/kernels/cpu_linear.cc
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
+	$(BIN)/python -m pip install -q 'jax>=0.4.35'
+	$(BIN)/python -m pip install -q --no-build-isolation -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -36,9 +40,9 @@ HF_STAMP := $(HF_VENV)/.installed
 
 $(HF_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(HF_VENV)
-	$(HF_VENV)/bin/python -m pip install -q --upgrade pip
-	$(HF_VENV)/bin/python -m pip install -q 'torch==2.13.0'
-	$(HF_VENV)/bin/python -m pip install -q -e '.[dev,hf]'
+	$(HF_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
+	$(HF_VENV)/bin/python -m pip install -q 'torch==2.13.0' 'jax>=0.4.35'
+	$(HF_VENV)/bin/python -m pip install -q --no-build-isolation -e '.[dev,hf]'
 	touch $(HF_STAMP)
 
 test-hf: $(HF_STAMP)
@@ -55,4 +59,4 @@ gpu-check-smoke: $(STAMP)
 	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
 
 clean:
-	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache mtpspec/kernels/_cpu_linear*.so

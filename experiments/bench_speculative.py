@@ -12,6 +12,11 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     verify, draft cost; the ideal speedup τ·t_step/(t_verify+t_draft) and efficiency = measured ÷
     ideal (docs/design.md, "Performance model");
   * ``recompiles``: XLA compilations during the timed part (must be 0);
+  * the linear implementations side by side (``decoding.prepare(linear=...)``): plain greedy
+    with XLA's dots as a point of the same sweep; the verify window ÷ step r(t) for
+    t = 2..``--max_window`` and the per-piece decomposition (attention, GDN, MLP, LM head, rest)
+    of the step and of each swept window, for "xla" and the C++ kernel, timed round-robin
+    (``analysis.layer_costs``);
   * decode-state bytes and the commit data / XLA temp bytes of verify+commit per strategy;
   * α fitted per proposer to the per-position acceptance, and the theory curve (1−α^{k+1})/(1−α);
   * optionally (``--peer_hf``) HF transformers on the tiny Qwen3-Next fixture: greedy generate and
@@ -35,6 +40,7 @@ from absl import app, flags, logging
 import mtpspec
 from experiments import cli
 from mtpspec import analysis, checkpoints, decoding
+from mtpspec.models.inference import resolve_linear
 from mtpspec.tokenizers import ByteTokenizer
 
 FLAGS = flags.FLAGS
@@ -47,6 +53,8 @@ flags.DEFINE_integer("max_new_tokens", None, "New tokens per prompt (default 128
 flags.DEFINE_integer("repeats", None, "Timed round-robin repeats (default 4; --quick 2).")
 flags.DEFINE_integer("piece_iters", None, "Loop iterations per cost piece (default 128; quick 48).")
 flags.DEFINE_integer("num_prompts", 4, "Held-out demo prompts to use (1..4).")
+flags.DEFINE_integer("max_window", 8, "Report verify window ÷ step for t = 2..max_window.")
+flags.DEFINE_enum("linear", "auto", ["auto", "xla", "ffi"], "Linear of the sweep's programs.")
 flags.DEFINE_string("plot_dir", None, "Write PNG plots here (speedup and τ vs k, theory curve).")
 flags.DEFINE_enum("peer_hf", "auto", ["auto", "on", "off"], "HF transformers peer comparison.")
 flags.DEFINE_string(
@@ -178,13 +186,16 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     pieces = {
         k: analysis.piece_costs(
             config, params, prompts[0], k, proposers=proposers, commits=commits, draft=draft,
-            iters=run["piece_iters"], capacity=capacity[k],
+            iters=run["piece_iters"], capacity=capacity[k], linear=FLAGS.linear,
         )
         for k in ks
     }  # fmt: skip
-    points = [analysis.PLAIN] + [
-        analysis.Point(p, k, c) for p in proposers for k in ks for c in commits
+    linear = FLAGS.linear
+    points = [analysis.Point("none", 0, None, linear)] + [
+        analysis.Point(p, k, c, linear) for p in proposers for k in ks for c in commits
     ]
+    if resolve_linear(linear) != "xla":
+        points.insert(1, analysis.PLAIN_XLA)
     t0 = time.perf_counter()
     timed = analysis.sweep(
         config, params, prompts, points, max_new=run["max_new"], repeats=run["repeats"],
@@ -216,8 +227,9 @@ def print_pieces(pieces, ks, commits, proposers, iters, config):
 
 
 def print_rows(rows, timed, repeats):
-    plain_tps, plain_decode = analysis.throughput(timed, analysis.PLAIN)
-    prefill_ms = timed.prefill[analysis.PLAIN[:2]] * 1e3
+    plain = timed.points[0]
+    plain_tps, plain_decode = analysis.throughput(timed, plain)
+    prefill_ms = timed.prefill[plain.program] * 1e3
     print(
         f"\nplain greedy: {plain_decode:.1f} tok/s decode, {plain_tps:.1f} tok/s end to end "
         f"(prefill {prefill_ms:.1f} ms over the prompts; median of {repeats})"
@@ -264,6 +276,75 @@ def memory_report(pieces, k, commits) -> dict:
     return memory
 
 
+def linear_report(config, params, prompt, ks, run) -> dict:
+    """r(t) and the per-piece decomposition for "xla" and the "auto" choice, in one round-robin."""
+    impls = sorted({"xla", resolve_linear("auto")}, key=lambda x: x != "xla")
+    max_t = max(FLAGS.max_window, max(ks) + 1)
+    capacity = decoding.default_capacity(len(prompt), run["max_new"], max_t - 1)
+    spec = decoding.SpecConfig("ngram", 1)
+    prepared = {
+        i: decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, speculative=spec,
+                            capacity=capacity, linear=i)
+        for i in impls
+    }  # fmt: skip
+    split_ts = sorted({1, *(k + 1 for k in ks)})
+    iters, repeats = run["piece_iters"], 7
+    pieces = analysis.layer_costs(prepared, split_ts, iters=iters, repeats=repeats)
+    windows = analysis.layer_costs(
+        prepared, range(1, max_t + 1), pieces=False, iters=iters, repeats=repeats
+    )
+    ratio = {
+        i: {t: windows[i][t]["model"] / windows[i][1]["model"] for t in windows[i]} for i in impls
+    }
+    print(f"\nverify window ÷ step, r(t) (whole target window, capacity {capacity}; µs per step):")
+    print(
+        f"{'linear':<6} {'step':>7} " + " ".join(f"{'t=' + str(t):>6}" for t in range(2, max_t + 1))
+    )
+    for i in impls:
+        print(
+            f"{i:<6} {windows[i][1]['model'] * 1e6:>7.1f} "
+            + " ".join(f"{ratio[i][t]:>6.2f}" for t in range(2, max_t + 1))
+        )
+    names = (*analysis.PIECES, "rest", "model")
+    head = " | ".join(" ".join(f"{i + ' t=' + str(t):>10}" for t in split_ts) for i in impls)
+    print(f"\nper piece (µs per call, summed over layers):\n{'piece':<10} {head}")
+    for n in names:
+        cells = " | ".join(
+            " ".join(f"{pieces[i][t][n] * 1e6:>10.1f}" for t in split_ts) for i in impls
+        )
+        print(f"{n:<10} {cells}")
+    return {
+        "impls": impls,
+        "capacity": capacity,
+        "window_over_step": {i: {str(t): r for t, r in ratio[i].items()} for i in impls},
+        "window_s": {i: {str(t): w["model"] for t, w in windows[i].items()} for i in impls},
+        "decomposition_s": {i: {str(t): row for t, row in pieces[i].items()} for i in impls},
+    }
+
+
+def print_plain_linears(timed) -> dict | None:
+    """Plain greedy with the swept linear against plain greedy with XLA's dots, same sweep."""
+    xla = analysis.PLAIN_XLA
+    if xla not in timed.points:
+        return None
+    ours = timed.points[0]
+    tps, decode = analysis.throughput(timed, ours)
+    tps_x, decode_x = analysis.throughput(timed, xla)
+    same = timed.tokens[ours] == timed.tokens[xla]
+    chosen = resolve_linear(ours.linear)
+    print(
+        f"plain greedy, linear {chosen!r} vs 'xla': {decode:.1f} vs {decode_x:.1f} tok/s decode "
+        f"({decode / decode_x:.2f}x), end to end {tps / tps_x:.2f}x; same tokens: {same}"
+    )
+    return {
+        "linear": chosen,
+        "decode_speedup_over_xla": decode / decode_x,
+        "speedup_over_xla": tps / tps_x,
+        "xla_decode_tokens_per_s": decode_x,
+        "same_tokens": same,
+    }
+
+
 def print_peer(peer):
     print(f"\npeer ({peer['checkpoint']}, transformers {peer['transformers']}):")
     for name, r in peer["rows"].items():
@@ -294,6 +375,8 @@ def main(argv):
     print("alpha (i.i.d. fit to per-position acceptance): "
           + ", ".join(f"{p} {a:.3f}" for p, a in alpha.items()))  # fmt: skip
     memory = memory_report(pieces, ks[-1], commits)
+    plain_linears = print_plain_linears(timed)
+    linears = linear_report(config, params, prompts[0], ks, run)
     print(
         f"\nbest: {best['proposer']} k={best['num_draft']} {best['commit']}: speedup "
         f"{best['speedup']:.2f}, tau {best['tau']:.2f}, verify_over_step "
@@ -323,11 +406,12 @@ def main(argv):
         "recompiles": timed.recompiles, "best": best, "plain_tokens_per_s": plain_tps,
         "plain_decode_tokens_per_s": plain_decode, "definitions": DEFINITIONS, "t_step_s": t_step,
         "sweep": rows, "pieces": {str(k): v for k, v in pieces.items()}, "alpha": alpha,
-        "memory": memory, "matmul_row_scaling": {str(t): v for t, v in mm.items()}, "peer": peer,
+        "memory": memory, "plain_linears": plain_linears, "linears": linears,
+        "matmul_row_scaling": {str(t): v for t, v in mm.items()}, "peer": peer,
         "settings": dict(
             checkpoint=FLAGS.checkpoint, ks=ks, commits=commits, proposers=proposers,
             max_new_tokens=run["max_new"], repeats=run["repeats"], prompts=len(prompts),
-            jax=jax.__version__, backend=jax.default_backend(),
+            jax=jax.__version__, backend=jax.default_backend(), linear=FLAGS.linear,
         ),
     })  # fmt: skip
 

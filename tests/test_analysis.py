@@ -73,7 +73,7 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
         sys.executable, "-m", "experiments.bench_speculative",
         "--checkpoint=tests/fixtures/hf/qwen3_5", "--num_draft=1", "--commit=states,replay",
         "--max_new_tokens=16", "--repeats=1", "--piece_iters=2", "--num_prompts=1",
-        "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}",
+        "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}", "--max_window=3",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -96,3 +96,15 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
             assert r["efficiency"] == pytest.approx(r["decode_speedup"] / r["ideal"])
         else:  # flagged: prefill dominated this tiny run, so decode speed is not resolvable
             assert np.isnan(r["efficiency"])
+    # the linear implementations side by side: r(t) for t = 1..3, pieces for t = 1 and 2
+    linears = result["linears"]
+    assert linears["impls"][0] == "xla"
+    for impl in linears["impls"]:
+        assert set(linears["window_over_step"][impl]) == {"1", "2", "3"}
+        assert linears["window_over_step"][impl]["1"] == 1.0
+        for t in ("1", "2"):
+            row = linears["decomposition_s"][impl][t]
+            for piece in ("attention", "gdn", "mlp", "lm_head", "model"):
+                assert row[piece] > 0, (impl, t, piece)
+    if len(linears["impls"]) > 1:  # the kernel is built: plain greedy with XLA's dots swept too
+        assert result["plain_linears"]["same_tokens"]

@@ -11,17 +11,19 @@ model"):
   * the i.i.d. acceptance model: E[τ] = (1 − α^{k+1}) / (1 − α).
 
   timing.py   median_seconds, interleaved_medians, loop_job, CompileCounter, matmul_row_scaling
-  pieces.py   piece_costs: step, verify, commit per strategy, draft per proposer
+  pieces.py   piece_costs: step, verify, commit per strategy, draft per proposer;
+              layer_costs: attention / GDN / MLP / LM head of a step and of verify windows
   sweep.py    sweep / summarize: every configuration against plain greedy in one run
   model.py    ideal_speedup, expected_tau, fit_alpha
   plots.py    plot_sweep
 """
 
 from mtpspec.analysis.model import expected_tau, fit_alpha, ideal_speedup
-from mtpspec.analysis.pieces import piece_costs, tree_bytes
+from mtpspec.analysis.pieces import PIECES, layer_costs, piece_costs, tree_bytes
 from mtpspec.analysis.plots import plot_sweep
 from mtpspec.analysis.sweep import (
     PLAIN,
+    PLAIN_XLA,
     Point,
     Timed,
     alpha_per_proposer,
@@ -41,7 +43,9 @@ from mtpspec.analysis.timing import (
 )
 
 __all__ = [
+    "PIECES",
     "PLAIN",
+    "PLAIN_XLA",
     "CompileCounter",
     "Point",
     "Timed",
@@ -51,6 +55,7 @@ __all__ = [
     "fit_alpha",
     "ideal_speedup",
     "interleaved_medians",
+    "layer_costs",
     "loop_job",
     "matmul_row_scaling",
     "median_seconds",

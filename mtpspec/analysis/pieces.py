@@ -1,21 +1,28 @@
 """The cost of each piece of one speculative step, each timed in its own jitted on-device loop
 (``timing.loop_job``) with the very stage functions and proposer methods the decoding program
-runs (``decoding.stages``, ``decoding.proposers``), all pieces round-robin."""
+runs (``decoding.stages``, ``decoding.proposers``), all pieces round-robin.
+
+``layer_costs`` splits the target's step and verify windows further: every attention mixer, every
+GDN mixer, every MLP and the LM head, each in its own loop on the post-prefill state (caches at
+the decoding capacity), summed over the layers of each kind; ``model`` is the whole window,
+``rest`` = model − the pieces (embedding, norms, residuals)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec import decoding
+from mtpspec import decoding, ops
 from mtpspec.analysis.timing import interleaved_medians, loop_job
-from mtpspec.config import ModelConfig
+from mtpspec.config import FULL, ModelConfig
 from mtpspec.decoding import stages
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
 from mtpspec.decoding.proposers import Committed
+from mtpspec.models import layers
+from mtpspec.models.decoder import lm_logits
 from mtpspec.models.state import DecodeState
 
 
@@ -36,13 +43,19 @@ def _next_tokens(logits, t, vocab):  # data dependence: the next input comes fro
     return ((jnp.argmax(logits, -1) + t) % vocab).astype(jnp.int32)
 
 
-def _prepared(config, params, prompt, k, proposer, commit, verify_method, capacity, draft):
+def _prepared(config, params, prompt, k, proposer, commit, verify_method, capacity, draft, linear):
     extra = {}
     if proposer == "draft":
         extra = dict(draft_config=draft[0], draft_params=draft[1])
     spec = decoding.SpecConfig(proposer, k, commit, verify_method, **extra)
     return decoding.prepare(
-        config, params, [list(prompt)], max_new_tokens=16, speculative=spec, capacity=capacity
+        config,
+        params,
+        [list(prompt)],
+        max_new_tokens=16,
+        speculative=spec,
+        capacity=capacity,
+        linear=linear,
     )
 
 
@@ -139,6 +152,7 @@ def piece_costs(
     iters: int = 64,
     repeats: int = 9,
     capacity: int | None = None,
+    linear: str = "auto",
 ) -> dict:
     """Seconds per call of each piece on the post-prefill state of ``prompt``: ``step`` (1-token
     target step), ``verify`` ((k+1)-token window, GDN form ``verify_method``),
@@ -151,6 +165,7 @@ def piece_costs(
     of verify + commit, ``compiled.memory_analysis()``; None where the backend can't say).
     ``capacity``: KV slots per sequence; pass generate's (``decoding.default_capacity``: every
     step attends over all of them, masked), or the pieces run on a cheaper state than the loop.
+    ``linear``: the decoding tree's linear implementation (``decoding.prepare``).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
@@ -165,12 +180,114 @@ def piece_costs(
     ]
     res: dict = {"k": k, "iters": iters}
     target = _prepared(
-        config, params, prompt, k, "ngram", commits[0], verify_method, capacity, None
+        config, params, prompt, k, "ngram", commits[0], verify_method, capacity, None, linear
     )
     jobs = _target_jobs(target, k, commits, iters, res)
     for p in usable:
-        prep = _prepared(config, params, prompt, k, p, commits[0], verify_method, capacity, draft)
+        prep = _prepared(
+            config, params, prompt, k, p, commits[0], verify_method, capacity, draft, linear
+        )
         jobs[f"draft_{p}"] = _draft_job(prep, k, iters)
     # every piece is timed round-robin with the others (see interleaved_medians)
     res.update({name: v / iters for name, v in interleaved_medians(jobs, repeats=repeats).items()})
     return res
+
+
+# ---- per-layer decomposition ---------------------------------------------------------------------
+
+
+PIECES = ("attention", "gdn", "mlp", "lm_head")
+
+
+def _gdn_method(t: int) -> str:
+    """The GDN form the decoding program runs for a t-token window (host-side rule)."""
+    return ops.gdn_method_for("auto", t)
+
+
+def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
+    """Loop jobs for a t-token window of the prepared call's post-prefill state: the whole target
+    window ("model") and, with ``pieces``, every mixer, every MLP and the LM head."""
+    s = prepared.key
+    config = s.config
+    params = prepared.args[0]
+    carry = prepared.prefill()
+    state, b = carry.state, carry.pending.shape[0]
+    x = jnp.full((b, t, config.hidden_size), 0.1, jnp.float32)
+    start, valid = state.lengths, jnp.full((b,), t, jnp.int32)
+    method = _gdn_method(t)
+    jobs = {}
+    attn = [i for i, lt in enumerate(config.layer_types) if lt == FULL]
+    gdn = [i for i, lt in enumerate(config.layer_types) if lt != FULL]
+    # each piece runs over all its layers back to back, as in the model (a lone call would pay
+    # start-up costs, e.g. waking a helper thread, that the model's call sequence hides)
+    for kind, idx in (("attention", attn), ("gdn", gdn)) if pieces else ():
+
+        def mixers(prm, c, idx=idx, kind=kind):
+            h, caches = c
+            for i, cache in zip(idx, caches):
+                p = prm[i]
+                if kind == "attention":
+                    out, _ = layers.attention(config, p["attn"], h, start, valid, cache)
+                else:
+                    out, _, _ = layers.gdn(config, p["gdn"], h, valid, cache, method)
+                h = h + 1e-3 * out.astype(h.dtype)
+            return h, caches
+
+        if idx:
+            caches = tuple(state.layers[i] for i in idx)
+            jobs[(kind, 0)] = loop_job(mixers, params["layers"], (x, caches), iters=iters)
+
+    def mlps(prm, h):
+        for i, p in enumerate(prm):
+            h = h + 1e-3 * layers.mlp(config, config.mlp_types[i], p["mlp"], h)
+        return h
+
+    if pieces:
+        jobs[("mlp", 0)] = loop_job(mlps, params["layers"], x, iters=iters)
+
+    def head(prm, h):
+        return h + 1e-3 * jnp.mean(lm_logits(config, prm, h), axis=-1, keepdims=True)
+
+    if pieces:
+        jobs[("lm_head", 0)] = loop_job(head, params, x, iters=iters)
+    sk = s._replace(k=t - 1, proposer=None, verify_method=method)
+    active = jnp.ones((b,), bool)
+
+    def window(prm, c):
+        st, tk = c
+        o = stages.verify(sk, prm, st, tk[:, 0], tk[:, 1:], active)
+        return _pin(o.state, st), _next_tokens(o.logits, tk, config.vocab_size)
+
+    tokens = jnp.tile(carry.pending[:, None], (1, t))
+    jobs[("model", 0)] = loop_job(window, params, (state, tokens), iters=iters)
+    return jobs
+
+
+def layer_costs(
+    prepared: Mapping,
+    ts: Sequence[int] = (1, 3, 4),
+    *,
+    pieces: bool = True,
+    iters: int = 48,
+    repeats: int = 9,
+) -> dict:
+    """Seconds per call, ``{name: {t: {piece: s}}}``, for each prepared call in ``prepared``
+    (``name -> decoding.prepare(...)``, e.g. one per linear implementation), all timed
+    round-robin together: the whole t-token target window (``model``) and, with ``pieces``, each
+    of ``PIECES`` summed over the layers and ``rest`` = model − pieces. Window t = 1 is the
+    decode step."""
+    jobs = {}
+    for name, prep in prepared.items():
+        for t in ts:
+            for (piece, i), job in _layer_jobs(prep, t, pieces, iters).items():
+                jobs[(name, t, piece, i)] = job
+    medians = interleaved_medians(jobs, repeats=repeats)
+    out: dict = {}
+    for (name, t, piece, _), sec in medians.items():
+        row = out.setdefault(name, {}).setdefault(t, {})
+        row[piece] = row.get(piece, 0.0) + sec / iters
+    if pieces:
+        for rows in out.values():
+            for row in rows.values():
+                row["rest"] = row["model"] - sum(row.get(p, 0.0) for p in PIECES)
+    return out

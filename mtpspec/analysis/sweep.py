@@ -26,9 +26,16 @@ class Point(NamedTuple):
     proposer: str  # "none" for plain decoding
     k: int
     commit: str | None
+    linear: str = "auto"  # the decoding tree's linear implementation (``decoding.prepare``)
+
+    @property
+    def program(self) -> tuple:
+        """What the prefill part depends on (not the commit strategy)."""
+        return (self.proposer, self.k, self.linear)
 
 
 PLAIN = Point("none", 0, None)
+PLAIN_XLA = Point("none", 0, None, "xla")  # plain greedy with XLA's dots: the kernel's baseline
 
 
 def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
@@ -42,10 +49,12 @@ def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
     return decoding.SpecConfig(point.proposer, point.k, point.commit, **extra)
 
 
-def run_point(config, params, prompts, spec, max_new: int):
+def run_point(config, params, prompts, spec, max_new: int, linear: str = "auto"):
     """One pass over the prompts at batch 1: (tokens per prompt, device seconds, stats list)."""
     results = [
-        decoding.generate(config, params, [p], max_new_tokens=max_new, speculative=spec)
+        decoding.generate(
+            config, params, [p], max_new_tokens=max_new, speculative=spec, linear=linear
+        )
         for p in prompts
     ]
     seconds = sum(r.stats["run_s"] for r in results)
@@ -57,7 +66,7 @@ class Timed(NamedTuple):
     tokens: dict  # point -> tokens per prompt
     stats: dict  # point -> generate stats per prompt
     seconds: dict  # point -> device seconds per repeat
-    prefill: dict  # (proposer, k) -> median seconds of the prefill-only program
+    prefill: dict  # Point.program -> median seconds of the prefill-only program
     compile_s: dict  # point -> seconds
     recompiles: int  # XLA compilations during the timed part (must be 0)
     num_prompts: int
@@ -70,24 +79,24 @@ def sweep(config, params, prompts, points, *, max_new: int, repeats: int, draft=
     specs = {pt: spec_for(pt, draft) for pt in points}
     tokens, stats, compile_s = {}, {}, {}
     for pt in points:
-        tokens[pt], _, stats[pt] = run_point(config, params, prompts, specs[pt], max_new)
+        tokens[pt], _, stats[pt] = run_point(config, params, prompts, specs[pt], max_new, pt.linear)
         compile_s[pt] = sum(s.get("compile_s", 0.0) for s in stats[pt])
     prefill_points = {}
     for pt in points:
-        prefill_points.setdefault(pt[:2], pt)
+        prefill_points.setdefault(pt.program, pt)
     for pt in prefill_points.values():
-        run_point(config, params, prompts, specs[pt], 1)  # compile
+        run_point(config, params, prompts, specs[pt], 1, pt.linear)  # compile
     seconds = {pt: [] for pt in points}
     prefill = {key: [] for key in prefill_points}
     with CompileCounter() as counter:
         for _ in range(repeats):
             for pt in points:
-                got, sec, _ = run_point(config, params, prompts, specs[pt], max_new)
+                got, sec, _ = run_point(config, params, prompts, specs[pt], max_new, pt.linear)
                 if got != tokens[pt]:
                     raise RuntimeError(f"{pt}: tokens changed between runs (nondeterminism)")
                 seconds[pt].append(sec)
             for key, pt in prefill_points.items():
-                prefill[key].append(run_point(config, params, prompts, specs[pt], 1)[1])
+                prefill[key].append(run_point(config, params, prompts, specs[pt], 1, pt.linear)[1])
     prefill = {key: statistics.median(v) for key, v in prefill.items()}
     return Timed(
         list(points), tokens, stats, seconds, prefill, compile_s, counter.count, len(prompts)
@@ -99,19 +108,21 @@ def throughput(timed: Timed, pt: Point) -> tuple[float, float]:
     little generation to tell the loop's time apart from noise)."""
     seconds = statistics.median(timed.seconds[pt])
     total = sum(len(t) for t in timed.tokens[pt])
-    decode_s = seconds - timed.prefill[pt[:2]]
+    decode_s = seconds - timed.prefill[pt.program]
     ok = decode_s > 0.2 * seconds
     return total / seconds, (total - timed.num_prompts) / decode_s if ok else float("nan")
 
 
 def summarize(timed: Timed, pieces: dict) -> list[dict]:
-    """One row per speculative point: speed-ups against plain greedy in the same run, pooled τ
+    """One row per speculative point: speed-ups against plain greedy with the same linear
+    implementation in the same run (a ``Point("none", 0, None, linear)`` must be swept), pooled τ
     and per-position acceptance, the ideal speed-up from the pieces and the efficiency."""
-    plain_tps, plain_decode = throughput(timed, PLAIN)
     rows = []
     for pt in timed.points:
-        if pt == PLAIN:
+        if pt.proposer == "none":
             continue
+        plain = Point("none", 0, None, pt.linear)  # the baseline runs the same linear
+        plain_tps, plain_decode = throughput(timed, plain)
         pc = pieces[pt.k]
         acc = pooled(timed.stats[pt])
         tps, decode_tps = throughput(timed, pt)
@@ -126,7 +137,7 @@ def summarize(timed: Timed, pieces: dict) -> list[dict]:
                 decode_tokens_per_s=decode_tps,
                 speedup=tps / plain_tps,
                 decode_speedup=decode_tps / plain_decode,
-                prefill_s=timed.prefill[pt[:2]],
+                prefill_s=timed.prefill[pt.program],
                 tau=acc["tau"],
                 position_acceptance=acc["position_acceptance"],
                 verify_over_step=pc["verify"] / pc["step"],
@@ -134,7 +145,7 @@ def summarize(timed: Timed, pieces: dict) -> list[dict]:
                 commit_over_verify=pc[f"commit_{pt.commit}"] / pc["verify"],
                 ideal=ideal,
                 efficiency=(decode_tps / plain_decode) / ideal,
-                same_as_greedy=timed.tokens[pt] == timed.tokens[PLAIN],
+                same_as_greedy=timed.tokens[pt] == timed.tokens[plain],
                 compile_s=timed.compile_s[pt],
             )
         )

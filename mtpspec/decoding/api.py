@@ -71,6 +71,7 @@ def prepare(
     eos_id: int | None = None,
     mesh=None,
     capacity: int | None = None,
+    linear: str = "auto",
 ) -> Prepared:
     """Check a decoding call (ValueError / TypeError before any device work) and place its
     arguments on the device(s). ``generate`` and ``generate_stream`` take these same keyword
@@ -84,10 +85,23 @@ def prepare(
     mesh            a (data, model) ``jax.sharding.Mesh`` to shard over (``mtpspec.sharding``)
     capacity        KV slots per sequence (default ``default_capacity``: prompt bucket + output
                     bucket + one verify window)
+    linear          "auto" | "xla" | "ffi": how the model's matrices are applied while decoding
+                    (``models/inference.py``): "ffi" is the C++ CPU kernel for few rows, "xla"
+                    XLA's dots; both on projections fused at load. "auto" picks "ffi" on CPU when
+                    the kernel is built (and logs its choice); under a mesh only "xla" runs.
     """
     sampling = Sampling(temperature, top_k, top_p)
     key, arrays = host.prepare(
-        config, params, prompts, max_new_tokens, speculative, sampling, eos_id, mesh, capacity
+        config,
+        params,
+        prompts,
+        max_new_tokens,
+        speculative,
+        sampling,
+        eos_id,
+        mesh,
+        capacity,
+        linear,
     )
     pparams = key.proposer.device_params(speculative) if key.proposer is not None else None
     args = host.device_args(key, params, pparams, arrays, seed)
@@ -99,7 +113,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
 
     Keyword arguments (``prepare`` documents each): ``max_new_tokens`` (required),
     ``speculative``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_id``, ``mesh``,
-    ``capacity``.
+    ``capacity``, ``linear``.
 
     ``result.stats``: ``steps`` (verify steps per sequence), ``accepted`` (per sequence, per
     step: drafts accepted, −1 when inactive), ``tau`` (emitted tokens per verify step, prefill

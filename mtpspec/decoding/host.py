@@ -18,6 +18,8 @@ from mtpspec.decoding import proposers
 from mtpspec.decoding.program import ProgramKey
 from mtpspec.decoding.sampling import Sampling, check_sampling_args
 from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
+from mtpspec.models import inference
+from mtpspec.models.inference import resolve_linear
 from mtpspec.models.params import check_param_tree
 from mtpspec.sharding import DATA
 
@@ -102,7 +104,16 @@ def _check_capacity_arg(capacity, longest: int, p_pad: int) -> int:
 
 
 def prepare(
-    config, params, prompts, max_new_tokens, speculative, sampling: Sampling, eos_id, mesh, capacity
+    config,
+    params,
+    prompts,
+    max_new_tokens,
+    speculative,
+    sampling: Sampling,
+    eos_id,
+    mesh,
+    capacity,
+    linear="auto",
 ) -> tuple[ProgramKey, HostArrays]:
     """Every check, then (program key, host arrays). Raises ValueError / TypeError before any
     device work."""
@@ -115,6 +126,7 @@ def prepare(
     if mesh is not None:
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
+    linear = resolve_linear(linear, sharded=sharded)
     verify_method = ops.gdn_method_for(
         speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
     )
@@ -131,6 +143,7 @@ def prepare(
         else _check_capacity_arg(capacity, longest, p_pad),
         out_size=round_up(max(max_new_tokens, 1), BUCKET),
         mesh=mesh,
+        linear=linear,
     )
     b = len(prompts)
     if mesh is not None:  # pad the batch to a multiple of the data axis with 1-token dummies
@@ -150,7 +163,8 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -
     """(params, pparams, tokens, lengths, max_new, eos, key) on the device(s): under a mesh the
     weights are placed by the sharding rules (already-placed leaves are kept) and the
     per-sequence arrays split on ``data``."""
-    if s.mesh is None:
+    if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
+        params = inference.MEMO.get(s.config, params, s.linear)
         return (params, pparams, *(jnp.asarray(a) for a in arrays), jax.random.key(int(seed)))
     mesh = s.mesh
     params = sharding.shard_params(s.config, params, mesh)

@@ -52,6 +52,7 @@ class ProgramKey(NamedTuple):
     capacity: int  # KV slots per sequence
     out_size: int  # output buffer per sequence (max_new_tokens bucket)
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
+    linear: str = "xla"  # resolved linear implementation of the inference tree (models/inference)
 
 
 class Carry(NamedTuple):

@@ -21,6 +21,7 @@ import numpy as np
 
 from mtpspec.config import FULL, ModelConfig
 from mtpspec.models import layers
+from mtpspec.models.inference import Linear
 from mtpspec.models.state import AttentionCache, DecodeState, init_decode_state
 
 
@@ -51,7 +52,9 @@ def check_tokens(config: ModelConfig, tokens, *, rank: int = 2, name: str = "tok
 
 
 def lm_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array:
-    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    w = params.get("lm_head")  # an inference tree always has one (models/inference.py)
+    if config.tie_word_embeddings and not isinstance(w, Linear):
+        w = params["embed"].T
     return layers.linear(hidden, w)
 
 

@@ -13,14 +13,27 @@ import jax.numpy as jnp
 
 from mtpspec import ops
 from mtpspec.config import ModelConfig
+from mtpspec.models.inference import FUSED, Linear, fused_name
 from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., in] @ w [in, out], float32 accumulation."""
+def linear(x: jax.Array, w) -> jax.Array:
+    """x [..., in] @ w [in, out], float32 accumulation; ``w`` is a canonical array or an inference
+    ``Linear`` (fused / packed, ``models/inference.py``)."""
+    if isinstance(w, Linear):
+        return w(x)
     return jnp.matmul(x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32)
+
+
+def projections(x: jax.Array, p: dict, names: tuple[str, ...]) -> list[jax.Array]:
+    """The linears ``names`` of block ``p`` applied to the same input: one fused product when the
+    inference tree holds them fused, else one product each (canonical trees)."""
+    fused = p.get(fused_name(names))
+    if fused is None:
+        return [linear(x, p[n]) for n in names]
+    return fused.split(fused(x))
 
 
 def norm(config: ModelConfig, x: jax.Array, w: jax.Array) -> jax.Array:
@@ -82,10 +95,8 @@ def attention(
 ) -> tuple[jax.Array, AttentionCache | None]:
     b, t, _ = x.shape
     hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    q = linear(x, p["w_q"]).reshape(b, t, hq, hd)
-    gate = linear(x, p["w_gate"])
-    k = linear(x, p["w_k"]).reshape(b, t, hkv, hd)
-    v = linear(x, p["w_v"]).reshape(b, t, hkv, hd)
+    q, gate, k, v = projections(x, p, FUSED["attn"])
+    q, k, v = q.reshape(b, t, hq, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
     q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
     positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, t]
     q, k = apply_rope(config, q, positions), apply_rope(config, k, positions)
@@ -127,10 +138,10 @@ def gdn(
     b, t, _ = x.shape
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
-    mixed = linear(x, p["w_qkv"]).astype(x.dtype)  # [b, t, c] pre-conv
-    z = linear(x, p["w_z"]).reshape(b, t, hv, dv)
-    beta = jax.nn.sigmoid(linear(x, p["w_b"]))
-    a = linear(x, p["w_a"])
+    mixed, z, b_in, a = projections(x, p, FUSED["gdn"])
+    mixed = mixed.astype(x.dtype)  # [b, t, c] pre-conv
+    z = z.reshape(b, t, hv, dv)
+    beta = jax.nn.sigmoid(b_in)
     g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
         a + p["dt_bias"].astype(jnp.float32)
     )
@@ -161,7 +172,8 @@ def gdn(
 
 
 def dense_mlp(p: dict, x: jax.Array) -> jax.Array:
-    h = jax.nn.silu(linear(x, p["w_gate"])) * linear(x, p["w_up"])
+    gate, up = projections(x, p, FUSED["mlp"])
+    h = jax.nn.silu(gate) * up
     return linear(h.astype(x.dtype), p["w_down"])
 
 

@@ -1,0 +1,176 @@
+// y = x W for a few rows on CPU, streaming W once: the decode step (1 row) and the speculative
+// verify window (k + 1 rows) of mtpspec's inference path, called from XLA through its typed FFI.
+//
+// W is packed once at load as [tiles, in, 16] float32: tile j holds output columns 16j..16j+15
+// (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
+// read from memory once per call and re-read from L1/L2 for every further pair of rows.
+//
+// Built by the package's install step (setup.py, optional); loaded with ctypes by
+// mtpspec/kernels/cpu_linear.py, which checks `mtpspec_cpu_linear_supported()` first.
+
+#include <immintrin.h>
+
+#include <atomic>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kTile = 16;
+
+// R rows (x[r] = x + r * k) of one 16-column tile into out[r * ldo .. + 16): S accumulator sets
+// take inputs i = s mod S in turn (independent FMA chains to hide latency), summed at the end.
+template <int R, int S>
+__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k,
+                                                         const float* w, float* out,
+                                                         int64_t ldo) {
+  __m256 acc[S][R][2];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + S <= k; i += S) {
+    for (int s = 0; s < S; ++s) {
+      const float* wi = w + (i + s) * kTile;
+      const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+      for (int r = 0; r < R; ++r) {
+        const __m256 xb = _mm256_broadcast_ss(x + r * k + i + s);
+        acc[s][r][0] = _mm256_fmadd_ps(xb, w0, acc[s][r][0]);
+        acc[s][r][1] = _mm256_fmadd_ps(xb, w1, acc[s][r][1]);
+      }
+    }
+  }
+  for (; i < k; ++i) {  // the last k mod S inputs, into set 0 (a static index keeps acc in registers)
+    const float* wi = w + i * kTile;
+    const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * k + i);
+      acc[0][r][0] = _mm256_fmadd_ps(xb, w0, acc[0][r][0]);
+      acc[0][r][1] = _mm256_fmadd_ps(xb, w1, acc[0][r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m256 y0 = acc[0][r][0], y1 = acc[0][r][1];
+    for (int s = 1; s < S; ++s) {
+      y0 = _mm256_add_ps(y0, acc[s][r][0]);
+      y1 = _mm256_add_ps(y1, acc[s][r][1]);
+    }
+    _mm256_storeu_ps(out + r * ldo, y0);
+    _mm256_storeu_ps(out + r * ldo + 8, y1);
+  }
+}
+
+// A block of R rows of one tile, written straight to y or, for the last partial tile, via buf.
+template <int R, int S>
+__attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
+                                                      const float* wt, float* y, int64_t n,
+                                                      int64_t c0, int64_t width) {
+  if (width == kTile) {
+    TileRows<R, S>(x, k, wt, y + c0, n);
+    return;
+  }
+  alignas(32) float buf[R * kTile];
+  TileRows<R, S>(x, k, wt, buf, kTile);
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
+}
+
+// Output columns [16 t0, 16 t1) of every row: rows in blocks of 4, then the 1-3 left over. A row's
+// accumulation order depends on the size of the block it falls in (as in any blocked GEMM).
+__attribute__((target("avx2,fma"))) void Tiles(const float* x, int64_t rows, int64_t k,
+                                               const float* w, int64_t n, float* y, int64_t t0,
+                                               int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const float* wt = w + t * k * kTile;
+    const int64_t c0 = t * kTile;
+    const int64_t width = n - c0 < kTile ? n - c0 : kTile;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) Block<4, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+    switch (rows - r) {
+      case 3:
+        Block<3, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+        break;
+      case 2:
+        Block<2, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+        break;
+      case 1:
+        Block<1, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
+        break;
+    }
+  }
+}
+
+// One call's work, shared with a helper task on XLA's intra-op pool: both claim chunks of tiles
+// from `next` until none are left; the caller then waits for `done` chunks to reach `chunks`.
+// Held by shared_ptr because the helper may start only after the caller has returned (when the
+// caller claimed everything itself), and then finds nothing to do.
+struct Work {
+  const float* x;
+  const float* w;
+  float* y;
+  int64_t rows, k, n, tiles, chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Run() {
+    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+      Tiles(x, rows, k, w, n, y, c * tiles / chunks, (c + 1) * tiles / chunks);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+// Below this many multiply-adds a call runs on the caller alone (a hand-off costs ~1 us).
+constexpr int64_t kMinShared = 32 * 1024;
+
+ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                  ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto yd = y->dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in], "
+                                       "w [tiles, in, 16], y [rows, out]");
+  }
+  const int64_t rows = xd[0], k = xd[1], tiles = wd[0], n = yd[1];
+  if (wd[1] != k || wd[2] != kTile || yd[0] != rows || tiles != (n + kTile - 1) / kTile) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
+  }
+  const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
+  if (helpers <= 0 || tiles < 2 || rows * k * n < kMinShared) {
+    Tiles(x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles);
+    return ffi::Error::Success();
+  }
+  auto work = std::make_shared<Work>();
+  work->x = x.typed_data();
+  work->w = w.typed_data();
+  work->y = y->typed_data();
+  work->rows = rows;
+  work->k = k;
+  work->n = n;
+  work->tiles = tiles;
+  work->chunks = std::min<int64_t>(tiles, 4 * (helpers + 1));
+  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([work] { work->Run(); });
+  work->Run();
+  while (work->done.load(std::memory_order_acquire) < work->chunks) _mm_pause();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, Linear,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads"));
+
+extern "C" int mtpspec_cpu_linear_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}

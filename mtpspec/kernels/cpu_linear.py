@@ -1,0 +1,86 @@
+"""The few-row CPU linear (``cpu_linear.cc``), loaded with ctypes and registered as an XLA FFI
+target.
+
+    ok, why = status()                 # (False, reason) when it was not built or cannot run here
+    wp = pack(w)                       # [in, out] -> [ceil(out / 16), in, 16] float32, once
+    y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
+
+Each row's result is accumulated in the same order whatever the row count, so a row gives bitwise
+the same output in a 1-row decode step and in a k-row verify window. Work above ~32 K
+multiply-adds is shared with one helper thread of XLA's intra-op pool (``THREADS``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TARGET = "mtpspec_cpu_linear"
+TILE = 16
+THREADS = 2  # caller + one pool helper: the 2-core machines this is tuned on
+SHARED_MAX_ROWS = 8  # calls with more rows run on the caller alone (see apply)
+_HERE = pathlib.Path(__file__).parent
+
+
+@functools.cache
+def status() -> tuple[bool, str]:
+    """(available, reason): the kernel is built, the CPU has AVX2 + FMA, and the FFI target is
+    registered with XLA's CPU platform."""
+    libs = sorted(_HERE.glob("_cpu_linear*.so"))
+    if not libs:
+        return False, (
+            f"the C++ kernel is not built (no _cpu_linear*.so in {_HERE}); reinstall with "
+            "`make install` on a machine with a C++ compiler"
+        )
+    try:
+        lib = ctypes.CDLL(str(libs[-1]))
+    except OSError as e:
+        return False, f"the C++ kernel {libs[-1].name} cannot be loaded: {e}"
+    if not lib.mtpspec_cpu_linear_supported():
+        return False, "this CPU lacks AVX2/FMA, which the C++ kernel needs"
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuLinear), platform="cpu")
+    return True, f"built ({libs[-1].name})"
+
+
+def available() -> bool:
+    return status()[0]
+
+
+def require() -> None:
+    """Raise OSError saying why the kernel cannot be used."""
+    ok, why = status()
+    if not ok:
+        raise OSError(f"linear='ffi' needs the C++ CPU linear kernel, but {why}")
+
+
+def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
+    return (-(-d_out // TILE), d_in, TILE)
+
+
+def pack(w) -> jax.Array:
+    """[in, out] -> [tiles, in, 16] float32, output columns zero-padded to a multiple of 16."""
+    w = jnp.asarray(w, jnp.float32)
+    d_in, d_out = w.shape
+    tiles = -(-d_out // TILE)
+    w = jnp.pad(w, ((0, 0), (0, tiles * TILE - d_out)))
+    return w.reshape(d_in, tiles, TILE).transpose(1, 0, 2)
+
+
+def unpack(wp: jax.Array, d_out: int) -> jax.Array:
+    """Inverse of ``pack`` (inside jit: a transpose)."""
+    tiles, d_in, _ = wp.shape
+    return wp.transpose(1, 0, 2).reshape(d_in, tiles * TILE)[:, :d_out]
+
+
+def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
+    """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call)."""
+    rows = x.shape[0]
+    threads = THREADS if rows <= SHARED_MAX_ROWS else 1
+    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
+        x.astype(jnp.float32), wp, threads=np.int64(threads)
+    )

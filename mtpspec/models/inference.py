@@ -1,0 +1,204 @@
+"""Inference weights: projections fused at load, optionally packed for the C++ CPU linear.
+
+    impl = resolve_linear("auto")                        # "ffi" on CPU when the kernel is built
+    iparams = inference_params(config, params, impl)     # fused (and packed) copy, for decoding
+
+Canonical parameter trees (training, checkpoints, HF export, sharding) are never changed: this is
+a separate tree made for decoding, in which
+
+  * projections that read the same input are one ``Linear`` whose output is split afterwards
+    (attention q|gate|k|v, GDN qkv|z|b|a, MLP gate|up), as serving engines do;
+  * every other matrix (attention and GDN out-projections, MLP down, MTP fc, the LM head — the
+    transposed embedding when tied) is a ``Linear`` too.
+
+A ``Linear`` with ``impl="ffi"`` holds its weight packed for ``kernels.cpu_linear`` and calls it
+for up to ``FFI_MAX_ROWS`` rows (the decode step and the verify window); beyond that (prefill) it
+unpacks in the program and uses XLA's dot. ``impl="xla"`` keeps a plain fused [in, out] matrix.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from jax.lax import Precision
+
+from mtpspec.config import ModelConfig
+from mtpspec.kernels import cpu_linear
+
+HIGHEST = Precision.HIGHEST
+LINEAR_IMPLS = ("auto", "xla", "ffi")
+FFI_MAX_ROWS = 64  # rows (batch × window) up to which the C++ kernel is used; prefill beyond
+
+FUSED = {
+    "attn": ("w_q", "w_gate", "w_k", "w_v"),
+    "gdn": ("w_qkv", "w_z", "w_b", "w_a"),
+    "mlp": ("w_gate", "w_up"),
+}
+SINGLE = {"attn": ("w_o",), "gdn": ("w_out",), "mlp": ("w_down",), "moe": ("router", "shared_gate")}
+
+
+def fused_name(names: tuple[str, ...]) -> str:
+    return "+".join(names)
+
+
+@jax.tree_util.register_pytree_node_class
+class Linear:
+    """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [tiles, in, 16]
+    ("ffi"); ``splits`` are the output widths of the projections fused in it."""
+
+    def __init__(self, w, d_in: int, splits: tuple[int, ...], impl: str):
+        self.w, self.d_in, self.splits, self.impl = w, d_in, tuple(splits), impl
+
+    @property
+    def d_out(self) -> int:
+        return sum(self.splits)
+
+    def tree_flatten(self):
+        return (self.w,), (self.d_in, self.splits, self.impl)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    def __repr__(self):
+        return f"Linear({self.d_in}->{self.splits}, impl={self.impl!r})"
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x [..., in] -> [..., out] float32."""
+        lead = x.shape[:-1]
+        rows = math.prod(lead)
+        if self.impl == "ffi" and rows <= FFI_MAX_ROWS:
+            y = cpu_linear.apply(x.reshape(rows, self.d_in), self.w, self.d_out)
+            return y.reshape(*lead, self.d_out)
+        w = cpu_linear.unpack(self.w, self.d_out) if self.impl == "ffi" else self.w
+        return jnp.matmul(
+            x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32
+        )
+
+    def split(self, y: jax.Array) -> list[jax.Array]:
+        """The fused output split back into its projections."""
+        cuts, at = [], 0
+        for s in self.splits[:-1]:
+            at += s
+            cuts.append(at)
+        return jnp.split(y, cuts, axis=-1)
+
+
+_logged: set = set()
+
+
+def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
+    """Check a linear implementation name and resolve "auto": "ffi" on CPU when the C++ kernel is
+    available, else "xla" (logged with the reason, once per choice). Under a device mesh only
+    "xla" runs (the fused / packed trees are not sharded); an explicit "ffi" there, on a non-CPU
+    platform, or without the kernel raises ValueError / OSError."""
+    if impl not in LINEAR_IMPLS:
+        raise ValueError(f"unknown linear implementation {impl!r}; expected one of {LINEAR_IMPLS}")
+    platform = platform or jax.default_backend()
+    if impl == "ffi":
+        if sharded:
+            raise ValueError(
+                "linear='ffi' cannot run under a device mesh (the C++ kernel takes unsharded "
+                "packed weights); use linear='xla' or 'auto'"
+            )
+        if platform != "cpu":
+            raise ValueError(f"linear='ffi' is a CPU kernel; the platform here is {platform!r}")
+        cpu_linear.require()
+        return "ffi"
+    if impl == "xla":
+        return "xla"
+    ok, why = cpu_linear.status()
+    if sharded:
+        choice, reason = "xla", "under a device mesh"
+    elif platform != "cpu":
+        choice, reason = "xla", f"platform {platform!r} is not cpu"
+    elif not ok:
+        choice, reason = "xla", why
+    else:
+        choice, reason = "ffi", f"cpu, C++ kernel {why}"
+    if (choice, reason) not in _logged:
+        _logged.add((choice, reason))
+        logging.info("linear='auto' -> %r (%s)", choice, reason)
+    return choice
+
+
+def _linear(w, impl: str, splits=None) -> Linear:
+    w = jnp.asarray(w)
+    d_in, d_out = w.shape
+    packed = cpu_linear.pack(w) if impl == "ffi" else w
+    return Linear(packed, d_in, splits or (d_out,), impl)
+
+
+def _block(kind: str, p: dict, impl: str) -> dict:
+    q = dict(p)
+    names = FUSED.get(kind, ())
+    if names and all(n in q for n in names):
+        ws = [q.pop(n) for n in names]
+        splits = tuple(int(w.shape[1]) for w in ws)
+        q[fused_name(names)] = _linear(jnp.concatenate(ws, axis=1), impl, splits)
+    for n in SINGLE.get(kind, ()):
+        if n in q:
+            q[n] = _linear(q[n], impl)
+    if kind == "moe" and "shared" in q:
+        q["shared"] = _block("mlp", q["shared"], impl)
+    return q
+
+
+def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str) -> dict:
+    q = dict(p)
+    for kind in ("attn", "gdn"):
+        if kind in q:
+            q[kind] = _block(kind, q[kind], impl)
+    q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl)
+    return q
+
+
+def inference_params(config: ModelConfig, params: dict, impl: str) -> dict:
+    """The decoding tree for a canonical ``params`` (checked against ``config`` by the caller):
+    fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``."""
+    if impl not in ("xla", "ffi"):
+        raise ValueError(f"inference_params needs a resolved implementation, got {impl!r}")
+    out = dict(params)
+    out["layers"] = [
+        _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
+    ]
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    out["lm_head"] = _linear(head, impl)
+    if "mtp" in params:
+        mtp = dict(params["mtp"])
+        mtp["fc"] = _linear(mtp["fc"], impl)
+        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
+        out["mtp"] = mtp
+    return out
+
+
+class _Memo:
+    """The last few (canonical tree -> inference tree) results, keyed by the identity of every
+    leaf (jax arrays are immutable, and the canonical leaves are held so their ids stay unique);
+    trees with mutable (numpy) leaves are converted afresh on every call."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.entries: collections.OrderedDict = collections.OrderedDict()
+
+    def get(self, config: ModelConfig, params, impl: str):
+        leaves = jax.tree_util.tree_leaves(params)
+        if not all(isinstance(x, jax.Array) for x in leaves):
+            return inference_params(config, params, impl)
+        key = (config, impl, tuple(id(x) for x in leaves))
+        hit = self.entries.get(key)
+        if hit is not None:
+            self.entries.move_to_end(key)
+            return hit[1]
+        result = inference_params(config, params, impl)
+        self.entries[key] = (leaves, result)
+        while len(self.entries) > self.size:
+            self.entries.popitem(last=False)
+        return result
+
+
+MEMO = _Memo()

@@ -1,0 +1,190 @@
+"""The C++ CPU linear (``mtpspec/kernels``) and the inference tree that uses it
+(``models/inference.py``): every product against numpy's float64 one, fused and packed trees
+against the canonical one, every implementation's tokens against the others'."""
+
+from __future__ import annotations
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mtpspec
+from mtpspec import config as C
+from mtpspec import decoding, models
+from mtpspec.kernels import cpu_linear
+from mtpspec.models import decoder
+from mtpspec.models.inference import (
+    MEMO,
+    Linear,
+    inference_params,
+    resolve_linear,
+)
+
+COMPILER = shutil.which("c++") or shutil.which("g++")
+built = pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
+
+
+def test_the_kernel_is_built_wherever_a_compiler_is():
+    """`make install` builds the kernel on any machine with a C++ compiler (CI included)."""
+    if COMPILER is None:
+        pytest.skip("no C++ compiler here: the kernel is optional")
+    ok, why = cpu_linear.status()
+    assert ok, why
+
+
+def _check(rows, d_in, d_out, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, d_in)) * scale).astype(np.float32)
+    w = rng.standard_normal((d_in, d_out)).astype(np.float32)
+    y = np.asarray(jax.jit(cpu_linear.apply, static_argnums=2)(x, cpu_linear.pack(w), d_out))
+    ref = x.astype(np.float64) @ w.astype(np.float64)
+    bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64)) + 1e-6
+    assert y.shape == (rows, d_out) and y.dtype == np.float32
+    assert (np.abs(y - ref) <= bound).all(), np.abs(y - ref).max()
+
+
+@built
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 64])
+@pytest.mark.parametrize("d_in, d_out", [(128, 768), (384, 128), (1, 1), (7, 5), (33, 17)])
+def test_kernel_matches_float64_product(rows, d_in, d_out):
+    _check(rows, d_in, d_out)
+
+
+@built
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    d_in=st.integers(1, 300),
+    d_out=st.integers(1, 300),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed):
+    """Off-tile widths, odd input counts, every row-block remainder (rows mod 4)."""
+    _check(rows, d_in, d_out, seed)
+
+
+@built
+def test_kernel_inside_a_while_loop_matches_xla():
+    rng = np.random.default_rng(1)
+    w = jnp.asarray(rng.standard_normal((48, 48)).astype(np.float32) / 7)
+    wp = cpu_linear.pack(w)
+    x0 = jnp.asarray(rng.standard_normal((3, 48)).astype(np.float32))
+
+    def run(use_ffi):
+        def body(i, x):
+            y = cpu_linear.apply(x, wp, 48) if use_ffi else jnp.dot(x, w, precision="highest")
+            return jnp.tanh(y)
+
+        return jax.jit(lambda x: jax.lax.fori_loop(0, 20, body, x))(x0)
+
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-6)
+
+
+def test_pack_round_trips():
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((9, 37)).astype(np.float32))
+    wp = cpu_linear.pack(w)
+    assert wp.shape == cpu_linear.packed_shape(9, 37) == (3, 9, 16)
+    assert (cpu_linear.unpack(wp, 37) == w).all()
+    assert (np.asarray(wp)[2, :, 5:] == 0).all()  # the padding past column 37
+
+
+# ---- choosing an implementation ------------------------------------------------------------------
+
+
+def test_resolve_linear_rules():
+    with pytest.raises(ValueError, match="unknown linear implementation"):
+        resolve_linear("fast")
+    with pytest.raises(ValueError, match="device mesh"):
+        resolve_linear("ffi", sharded=True)
+    with pytest.raises(ValueError, match="CPU kernel"):
+        resolve_linear("ffi", platform="gpu")
+    assert resolve_linear("auto", sharded=True) == "xla"
+    assert resolve_linear("auto", platform="gpu") == "xla"
+    assert resolve_linear("xla") == "xla"
+    assert resolve_linear("auto") == ("ffi" if cpu_linear.available() else "xla")
+
+
+def test_explicit_ffi_without_the_kernel_raises(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "status", lambda: (False, "it is not built (test)"))
+    with pytest.raises(OSError, match="not built"):
+        resolve_linear("ffi")
+    assert resolve_linear("auto") == "xla"
+
+
+# ---- the inference tree --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["moe_untied", "dense_tied"])
+def model(request):
+    """MoE with a shared expert and an untied head; dense MLPs with the head tied to the embedding
+    (the inference tree then holds the transposed embedding as its LM head)."""
+    if request.param == "moe_untied":
+        config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
+    else:
+        config = C.tiny_hybrid(
+            vocab_size=64, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2
+        )
+    return config, models.init_params(config, jax.random.key(5), norm_scale=0.1)
+
+
+IMPLS = ["xla", pytest.param("ffi", marks=built)]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_inference_tree_gives_the_canonical_logits(model, impl):
+    config, params = model
+    before = jax.tree.map(np.asarray, params)
+    tree = inference_params(config, params, impl)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 64, (2, 12)), jnp.int32)
+    ref = decoder.forward(config, params, tokens)
+    got = decoder.forward(config, tree, tokens)
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
+    # cached: a prefill then a 3-token window, as the verify step runs it (ffi: <= 64 rows)
+    out_ref = decoder.prefill(config, params, tokens[:, :9], capacity=32)
+    out = decoder.prefill(config, tree, tokens[:, :9], capacity=32)
+    w_ref = decoder.window_step(config, params, out_ref.state, tokens[:, 9:])
+    w = decoder.window_step(config, tree, out.state, tokens[:, 9:])
+    np.testing.assert_allclose(w.logits, w_ref.logits, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(w.logits, ref[:, 9:], rtol=5e-5, atol=5e-5)
+    # the canonical tree is left as it was
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)
+    fused = [x for x in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, Linear))]
+    assert any(isinstance(x, Linear) and len(x.splits) > 1 for x in fused)
+
+
+def test_inference_trees_are_memoized_by_leaf_identity(model):
+    config, params = model
+    a = MEMO.get(config, params, "xla")
+    assert MEMO.get(config, params, "xla") is a
+    changed = dict(params, final_norm=params["final_norm"] + 1.0)
+    assert MEMO.get(config, changed, "xla") is not a
+    mutable = jax.tree.map(np.asarray, params)  # numpy leaves can change in place: never cached
+    assert MEMO.get(config, mutable, "xla") is not MEMO.get(config, mutable, "xla")
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_every_linear_emits_the_same_tokens(model, k):
+    config, params = model
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
+    impls = ["xla", "ffi"] if cpu_linear.available() else ["xla"]
+    plain = {
+        i: mtpspec.generate(config, params, prompts, max_new_tokens=20, linear=i) for i in impls
+    }
+    spec = decoding.SpecConfig("ngram", k)
+    for i in impls:
+        assert plain[i].tokens == plain["xla"].tokens
+        got = mtpspec.generate(
+            config, params, prompts, max_new_tokens=20, speculative=spec, linear=i
+        )
+        assert got.tokens == plain[i].tokens
+
+
+def test_bad_linear_argument_raises_before_device_work(model):
+    config, params = model
+    with pytest.raises(ValueError, match="unknown linear implementation"):
+        mtpspec.generate(config, params, [[1, 2]], max_new_tokens=4, linear="blas")
