@@ -188,3 +188,18 @@ def test_bad_linear_argument_raises_before_device_work(model):
     config, params = model
     with pytest.raises(ValueError, match="unknown linear implementation"):
         mtpspec.generate(config, params, [[1, 2]], max_new_tokens=4, linear="blas")
+
+
+def test_explicit_ffi_under_a_mesh_is_refused_and_auto_runs_xla(model):
+    from mtpspec import sharding
+
+    config, params = model
+    mesh = sharding.make_mesh(data=1, model=1)
+    with pytest.raises(ValueError, match="device mesh"):
+        mtpspec.generate(config, params, [[1, 2]], max_new_tokens=4, mesh=mesh, linear="ffi")
+    prepared = decoding.prepare(config, params, [[1, 2]], max_new_tokens=4, mesh=mesh)
+    assert prepared.key.linear == "xla"
+    assert not any(
+        isinstance(x, Linear)
+        for x in jax.tree.leaves(prepared.args[0], is_leaf=lambda x: isinstance(x, Linear))
+    )
