@@ -63,25 +63,51 @@ def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.A
 
 def grouped_attention(
     q: jax.Array,  # [b, t, hq, d] queries (rotated, normed)
-    keys: jax.Array,  # [b, s, g, d] ("bsgd") or [b, g, s, d] ("bgsd"); g = kv heads
-    values: jax.Array,  # same layout as keys
+    keys: jax.Array,  # [b, s, g, d]; g = kv heads
+    values: jax.Array,  # [b, s, g, d]
     q_pos: jax.Array,  # [b, t] int32 positions of the queries
     key_pos: jax.Array,  # [b, s] int32 positions of the keys
-    layout: str,
 ) -> jax.Array:  # [b, t, hq, d] float32
     """Causal softmax attention where query head h reads kv head h // (hq / g) (GQA, as HF's
     ``repeat_interleave``), computed per kv-head group: the queries are reshaped to
-    [b, t, g, r, d] and the keys are never repeated or transposed (the decode cache is stored
-    head-major so that the products read it in place)."""
+    [b, t, g, r, d] and the keys are never repeated or transposed."""
     b, t, hq, d = q.shape
-    g = keys.shape[2] if layout == "bsgd" else keys.shape[1]
+    g = keys.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
     kf, vf = keys.astype(jnp.float32), values.astype(jnp.float32)
-    scores = jnp.einsum(f"btgrd,{layout}->bgrts", qg, kf, precision=HIGHEST)
+    scores = jnp.einsum("btgrd,bsgd->bgrts", qg, kf, precision=HIGHEST)
     visible = key_pos[:, None, :] <= q_pos[:, :, None]  # causal, [b, t, s]
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
-    o = jnp.einsum(f"bgrts,{layout}->btgrd", probs, vf, precision=HIGHEST)
+    o = jnp.einsum("bgrts,bsgd->btgrd", probs, vf, precision=HIGHEST)
+    return o.reshape(b, t, hq, d)
+
+
+def cached_attention(
+    q: jax.Array,  # [b, t, hq, d] queries at positions start .. start + t - 1
+    k_cache: jax.Array,  # [b, g, n, d] the cache before this window (rows >= start are stale)
+    v_cache: jax.Array,  # [b, g, d, n] (transposed: the p·v product reads it in place)
+    k_new: jax.Array,  # [b, t, g, d] the window's own keys
+    v_new: jax.Array,
+    start: jax.Array,  # [b] int32
+) -> jax.Array:  # [b, t, hq, d] float32
+    """Causal GQA attention of a window over the committed prefix (the cache *before* the window
+    is written) and over the window itself, one softmax over both. The same keys as attending
+    over the updated cache, but the cache update then has a single reader (the returned state),
+    so XLA writes it in place instead of copying the cache for the products that read it."""
+    b, t, hq, d = q.shape
+    g, n = k_cache.shape[1], k_cache.shape[2]
+    qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    f32 = jnp.float32
+    s_old = jnp.einsum("btgrd,bgsd->bgrts", qg, k_cache.astype(f32), precision=HIGHEST)
+    s_new = jnp.einsum("btgrd,bsgd->bgrts", qg, k_new.astype(f32), precision=HIGHEST)
+    committed = jnp.arange(n)[None, :] < start[:, None]  # [b, n]
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [t (query), t (key)]
+    s_old = jnp.where(committed[:, None, None, None, :], s_old, -jnp.inf)
+    s_new = jnp.where(causal, s_new, -jnp.inf)
+    probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1)
+    o = jnp.einsum("bgrts,bgds->btgrd", probs[..., :n], v_cache.astype(f32), precision=HIGHEST)
+    o = o + jnp.einsum("bgrts,bsgd->btgrd", probs[..., n:], v_new.astype(f32), precision=HIGHEST)
     return o.reshape(b, t, hq, d)
 
 
@@ -101,20 +127,18 @@ def attention(
     positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, t]
     q, k = apply_rope(config, q, positions), apply_rope(config, k, positions)
 
-    if cache is None:  # the window attends to itself: keys [b, s, g, d]
+    if cache is None:  # the window attends to itself
         new_cache = None
-        keys, values, key_pos, layout = k, v, positions, "bsgd"
-    else:  # the cache, head-major [b, g, n, d]: grouped products read it in place
+        o = grouped_attention(q, k, v, positions, positions)
+    else:  # the cache (k [b, g, n, d], v [b, g, d, n]): grouped products read it in place
         dtype = cache.k.dtype
+        k, v = k.astype(dtype), v.astype(dtype)  # the window's keys as the cache will hold them
         rows = jnp.arange(b)[:, None]
         # Writes beyond capacity are dropped (never wrap around); callers check capacity first.
-        new_k = cache.k.at[rows, :, positions].set(k.astype(dtype), mode="drop")
-        new_v = cache.v.at[rows, :, positions].set(v.astype(dtype), mode="drop")
+        new_k = cache.k.at[rows, :, positions].set(k, mode="drop")
+        new_v = cache.v.at[rows, :, :, positions].set(v, mode="drop")  # v cache [b, g, d, n]
         new_cache = AttentionCache(new_k, new_v)
-        n = new_k.shape[2]
-        keys, values, layout = new_k, new_v, "bgsd"
-        key_pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
-    o = grouped_attention(q, keys, values, positions, key_pos, layout)
+        o = cached_attention(q, cache.k, cache.v, k, v, start)
     o = o.reshape(b, t, hq * hd)
     o = o * jax.nn.sigmoid(gate)
     del valid  # padded queries compute garbage that is never used; their KV rows stay stale

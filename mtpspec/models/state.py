@@ -16,18 +16,26 @@ from mtpspec.ops import GDNAux
 
 
 class AttentionCache(NamedTuple):
-    """Fixed-capacity KV of one attention layer, head-major (the layout decode reads: each kv
-    head's rows are contiguous, so grouped attention runs without copies). Entries at or beyond
-    a sequence's length are stale and masked, never read."""
+    """Fixed-capacity KV of one attention layer in the layouts decode reads in place: keys
+    head-major [b, h_kv, n, d] (q·k contracts d, the minor axis), values transposed
+    [b, h_kv, d, n] (p·v contracts n, now the minor axis), so grouped attention runs without
+    copying or transposing the cache (BUILD_NOTES, 2026-12-01). Entries at or beyond a sequence's
+    length are stale and masked, never read."""
 
     k: jax.Array  # [b, h_kv, n, d]
-    v: jax.Array  # [b, h_kv, n, d]
+    v: jax.Array  # [b, h_kv, d, n]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
 
     @classmethod
     def init(cls, config: ModelConfig, batch: int, capacity: int) -> AttentionCache:
-        shape = (batch, config.num_key_value_heads, capacity, config.head_dim)
+        h, d = config.num_key_value_heads, config.head_dim
         dtype = jnp.dtype(config.dtype)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        return cls(
+            jnp.zeros((batch, h, capacity, d), dtype), jnp.zeros((batch, h, d, capacity), dtype)
+        )
 
 
 class GDNCache(NamedTuple):

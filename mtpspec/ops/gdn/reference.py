@@ -39,7 +39,7 @@ def recurrent(
 
     xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
     # a one-token scan unrolled: its while loop costs more than the step on CPU
-    unroll = q.shape[1] if q.shape[1] <= UNROLL_MAX_T else 1
+    unroll = True if q.shape[1] <= UNROLL_MAX_T else 1
     final, (o, u, states) = jax.lax.scan(step, initial_state, xs, unroll=unroll)
     o = jnp.moveaxis(o, 0, 1)
     u = jnp.moveaxis(u, 0, 1)
