@@ -54,7 +54,7 @@ flags.DEFINE_integer("repeats", None, "Timed round-robin repeats (default 4; --q
 flags.DEFINE_integer("piece_iters", None, "Loop iterations per cost piece (default 128; quick 48).")
 flags.DEFINE_integer("num_prompts", 4, "Held-out demo prompts to use (1..4).")
 flags.DEFINE_integer("max_window", 8, "Report verify window ÷ step for t = 2..max_window.")
-flags.DEFINE_enum("linear", "auto", ["auto", "xla", "ffi"], "Linear of the sweep's programs.")
+cli.define_linear()
 flags.DEFINE_string("plot_dir", None, "Write PNG plots here (speedup and τ vs k, theory curve).")
 flags.DEFINE_enum("peer_hf", "auto", ["auto", "on", "off"], "HF transformers peer comparison.")
 flags.DEFINE_string(

@@ -63,6 +63,14 @@ def define_speculation(proposer: str = "mtp", num_draft: str | None = None):
     flags.DEFINE_list("commit", DEFAULT_COMMIT, f"GDN commit strategy(s), of {COMMIT_STRATEGIES}.")
 
 
+def define_linear():
+    flags.DEFINE_enum(
+        "linear", "auto", ["auto", "xla", "ffi"],
+        "How the model's matrices run while decoding: ffi = the C++ CPU kernel, xla = XLA's dots, "
+        "auto = ffi on CPU when built (decoding.prepare).",
+    )  # fmt: skip
+
+
 def define_json_out():
     flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
 

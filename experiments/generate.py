@@ -26,6 +26,7 @@ from mtpspec.decoding.stats import pooled
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
 cli.define_speculation()
+cli.define_linear()
 cli.define_json_out()
 cli.define_mesh()
 flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
@@ -62,17 +63,27 @@ def run(config, params, prompts, proposer, k, commit, **kw):
     }
 
 
+def linear_name(mesh) -> str:
+    """What --linear resolves to here, with the kernel's status when it is not used."""
+    from mtpspec.kernels import cpu_linear
+    from mtpspec.models.inference import resolve_linear
+
+    chosen = resolve_linear(FLAGS.linear, sharded=mesh is not None)
+    ok, why = cpu_linear.status()
+    return f"{chosen!r}" if chosen == "ffi" or ok else f"{chosen!r} (C++ kernel: {why})"
+
+
 def demo(mesh=None):
     config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
     tok = cli.tokenizer_for(config, FLAGS.checkpoint)
     texts = cli.demo_texts()
     prompts = [tok.encode(t) for t in texts]
-    kw = dict(max_new_tokens=FLAGS.max_new_tokens, mesh=mesh)
+    kw = dict(max_new_tokens=FLAGS.max_new_tokens, mesh=mesh, linear=FLAGS.linear)
     commit = cli.one(cli.commits(), "commit")
     print(
         f"model: {FLAGS.checkpoint} ({config.num_layers} layers, H={config.hidden_size}, "
         f"vocabulary {config.vocab_size}); {len(prompts)} held-out prompts, "
-        f"{kw['max_new_tokens']} new tokens each"
+        f"{kw['max_new_tokens']} new tokens each; linear {linear_name(mesh)}"
     )
     rows = [run(config, params, prompts, "none", 0, commit, **kw)]
     for proposer in ("mtp", "ngram"):
@@ -115,6 +126,7 @@ def single(mesh=None):
     result = mtpspec.generate(
         config, params, [prompt], max_new_tokens=FLAGS.max_new_tokens, speculative=spec,
         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed,
+        linear=FLAGS.linear,
         mesh=mesh,
     )  # fmt: skip
     out = result.tokens[0]

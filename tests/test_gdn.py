@@ -153,7 +153,11 @@ def test_state_after_matches_every_prefix_state(method):
 
 
 def test_auto_resolves_by_length_and_says_so(caplog):
-    assert ops.resolve_gdn_method(1) == "recurrent"
+    assert ops.resolve_gdn_method(1, "gpu") == "recurrent"
+    assert ops.resolve_gdn_method(1, "cpu") == "chunk"  # measured faster on CPU (BUILD_NOTES)
+    assert ops.resolve_gdn_method(3, "cpu", head_state=32 * 32) == "recurrent"  # small heads
+    assert ops.resolve_gdn_method(3, "cpu", head_state=128 * 128) == "chunk"
+    assert ops.resolve_gdn_method(6, "cpu", head_state=32 * 32) == "chunk"
     assert ops.resolve_gdn_method(4096) == "chunk"
     q, k, v, g, beta, s0 = random_gdn_inputs(1, 1, 300, 1, 1, 8, 8)
     with caplog.at_level(logging.INFO, logger="mtpspec.ops"):

@@ -47,6 +47,12 @@ DEFAULT_CHUNK_SIZE_OTHER = 64
 # at realistic heads the chunked form (chunk = min(32, t)) already wins from t = 2
 # (`python -m experiments.bench_gdn`, BUILD_NOTES.md); "assoc" never wins there (k³ per combine).
 AUTO_RECURRENT_MAX_T = 1
+# CPU exceptions, measured on 2026-12-01 (BUILD_NOTES.md): a single token runs the chunked form
+# (faster than the one-step scan at realistic and at tiny heads), and small per-head states
+# (k·v <= CPU_SMALL_STATE, e.g. the default model's 32 × 32) run the recurrence for verify windows
+# of 2..CPU_SMALL_STATE_RECURRENT_MAX_T tokens, where it beat the chunked form.
+CPU_SMALL_STATE = 32 * 32
+CPU_SMALL_STATE_RECURRENT_MAX_T = 5
 # Platforms on which "auto" runs the Pallas kernel (compiled, not interpreted). Empty until a
 # recorded GPU check (`experiments/gpu_check.sh`, BUILD_NOTES.md "GPU") has passed on real
 # hardware: the kernel has only run in interpret mode so far. Flipping it is this one line:
@@ -54,16 +60,31 @@ AUTO_RECURRENT_MAX_T = 1
 AUTO_PALLAS_PLATFORMS: tuple[str, ...] = ()
 
 
-def resolve_gdn_method(t: int, platform: str | None = None, *, pallas_ok: bool = True) -> str:
-    """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``.
+def resolve_gdn_method(
+    t: int,
+    platform: str | None = None,
+    *,
+    pallas_ok: bool = True,
+    head_state: int | None = None,
+) -> str:
+    """What ``method="auto"`` runs for a sequence of ``t`` positions on ``platform``
+    (``head_state``: elements of one head's state, k·v, when known).
 
-    A single token (a decode step) runs the recurrence everywhere. Longer sequences (verification
-    windows, prefill, training) run the chunked form, which measured faster from t = 2 on CPU;
-    on a platform in ``AUTO_PALLAS_PLATFORMS`` (none until a GPU check has passed) the Pallas
-    kernel when it supports the call (``pallas_ok``: dtype, key dim). On CPU Pallas would only
-    run interpreted, so "auto" never picks it there.
+    A single token (a decode step) runs the recurrence, except on CPU, where the chunked form
+    measured faster. Longer sequences (verification windows, prefill, training) run the chunked
+    form, which measured faster from t = 2 on CPU at realistic heads; on CPU with small heads
+    (``head_state <= CPU_SMALL_STATE``) windows of up to ``CPU_SMALL_STATE_RECURRENT_MAX_T``
+    tokens run the recurrence; on a platform in ``AUTO_PALLAS_PLATFORMS`` (none until a GPU check
+    has passed) the Pallas kernel when it supports the call (``pallas_ok``: dtype, key dim). On
+    CPU Pallas would only run interpreted, so "auto" never picks it there.
     """
     platform = platform or jax.default_backend()
+    if platform == "cpu":
+        if t == 1:
+            return "chunk"
+        small = head_state is not None and head_state <= CPU_SMALL_STATE
+        if small and t <= CPU_SMALL_STATE_RECURRENT_MAX_T:
+            return "recurrent"
     if t <= AUTO_RECURRENT_MAX_T:
         return "recurrent"
     if platform in AUTO_PALLAS_PLATFORMS and pallas_ok:
@@ -199,7 +220,7 @@ def gated_delta_rule_with_aux(
     platform = jax.default_backend()
     if method == "auto":
         pallas_ok = _pallas_reason(q, k, v, chunk_size, platform) is None
-        method = resolve_gdn_method(t, platform, pallas_ok=pallas_ok)
+        method = resolve_gdn_method(t, platform, pallas_ok=pallas_ok, head_state=dk * dv)
         _log_auto_choice(t, platform, method)
     if initial_state is None:
         initial_state = jnp.zeros((b, hv, dk, dv), jnp.float32)

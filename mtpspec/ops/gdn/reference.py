@@ -14,8 +14,6 @@ import jax.numpy as jnp
 
 from mtpspec.ops.gdn.common import GDNAux, einsum
 
-UNROLL_MAX_T = 1  # a one-token scan runs unrolled (measured: longer unrolled windows cost more)
-
 
 def recurrent(
     q: jax.Array,  # [b, t, h, k] float32, key heads already expanded to value heads
@@ -38,9 +36,7 @@ def recurrent(
         return state, (o_t, u_t, state if return_states else None)
 
     xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
-    # a one-token scan unrolled: its while loop costs more than the step on CPU
-    unroll = True if q.shape[1] <= UNROLL_MAX_T else 1
-    final, (o, u, states) = jax.lax.scan(step, initial_state, xs, unroll=unroll)
+    final, (o, u, states) = jax.lax.scan(step, initial_state, xs)
     o = jnp.moveaxis(o, 0, 1)
     u = jnp.moveaxis(u, 0, 1)
     if states is not None:
