@@ -216,13 +216,17 @@ def print_pieces(pieces, ks, commits, proposers, iters, config):
         ds = " ".join(f"{pc.get(f'draft_{p}', float('nan')) * 1e3:>8.3f}" for p in proposers)
         print(f"{k:>2} {pc['verify'] * 1e3:>8.3f} {pc['verify'] / pc['step']:>7.2f} {cs} {ds}")
     rows = list(range(1, max(ks) + 2))
-    mm = analysis.matmul_row_scaling(
-        config.hidden_size, config.intermediate_size or 4 * config.hidden_size, rows
-    )
-    print(
-        f"physics: [t, {config.hidden_size}] MLP-shaped matmul pair, cost relative to t=1: "
-        + ", ".join(f"t={t} {mm[t] / mm[1]:.2f}x" for t in rows)
-    )
+    d_ff = config.intermediate_size or 4 * config.hidden_size
+    mm = {
+        impl: analysis.matmul_row_scaling(config.hidden_size, d_ff, rows, linear=impl)
+        for impl in sorted({"xla", resolve_linear("auto")}, key=lambda x: x != "xla")
+    }
+    for impl, costs in mm.items():
+        print(
+            f"physics ({impl}): [t, {config.hidden_size}] MLP-shaped matmul pair, "
+            f"{costs[1] * 1e6:.1f} µs at t=1, cost relative to t=1: "
+            + ", ".join(f"t={t} {costs[t] / costs[1]:.2f}x" for t in rows)
+        )
     return t_step, mm
 
 
@@ -407,7 +411,8 @@ def main(argv):
         "plain_decode_tokens_per_s": plain_decode, "definitions": DEFINITIONS, "t_step_s": t_step,
         "sweep": rows, "pieces": {str(k): v for k, v in pieces.items()}, "alpha": alpha,
         "memory": memory, "plain_linears": plain_linears, "linears": linears,
-        "matmul_row_scaling": {str(t): v for t, v in mm.items()}, "peer": peer,
+        "matmul_row_scaling": {i: {str(t): v for t, v in c.items()} for i, c in mm.items()},
+        "peer": peer,
         "settings": dict(
             checkpoint=FLAGS.checkpoint, ks=ks, commits=commits, proposers=proposers,
             max_new_tokens=run["max_new"], repeats=run["repeats"], prompts=len(prompts),

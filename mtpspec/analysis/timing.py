@@ -91,20 +91,41 @@ def interleaved_medians(jobs: dict[str, Callable[[], None]], *, repeats: int = 7
 
 
 def matmul_row_scaling(
-    d_in: int, d_out: int, rows: Sequence[int], *, iters: int = 300, repeats: int = 15
+    d_in: int,
+    d_out: int,
+    rows: Sequence[int],
+    *,
+    iters: int = 300,
+    repeats: int = 15,
+    linear: str = "xla",
 ) -> dict[int, float]:
     """Seconds per [t, d_in] @ [d_in, d_out] @ [d_out, d_in] pair for each t in ``rows``, run in a
     jitted loop (fastest of ``repeats``, interleaved across t so noise hits all alike).
 
     The physics behind ``verify_over_step``: when the weights sit in cache, a product with t rows
     costs ~t times a 1-row one (compute-bound), and a (k+1)-token window cannot be nearly free as
-    it is on a memory-bound accelerator."""
+    it is on a memory-bound accelerator. ``linear``: "xla" (XLA's dot) or "ffi" (the C++ CPU
+    kernel, ``kernels.cpu_linear``, on weights packed once)."""
     w1 = jax.random.normal(jax.random.key(0), (d_in, d_out), jnp.float32) / np.sqrt(d_in)
     w2 = jax.random.normal(jax.random.key(1), (d_out, d_in), jnp.float32) / np.sqrt(d_out)
     hi = jax.lax.Precision.HIGHEST
+    if linear == "ffi":
+        from mtpspec.kernels import cpu_linear
 
-    def body(w, x):
-        return jnp.tanh(jnp.matmul(jnp.matmul(x, w[0], precision=hi), w[1], precision=hi))
+        cpu_linear.require()
+        w1, w2 = cpu_linear.pack(w1), cpu_linear.pack(w2)
+
+        def body(w, x):
+            y = cpu_linear.apply(x[0], w[0], d_out)
+            return jnp.tanh(cpu_linear.apply(y, w[1], d_in))[None]
+
+    elif linear == "xla":
+
+        def body(w, x):
+            return jnp.tanh(jnp.matmul(jnp.matmul(x, w[0], precision=hi), w[1], precision=hi))
+
+    else:
+        raise ValueError(f"linear must be 'xla' or 'ffi', got {linear!r}")
 
     run = jax.jit(lambda w, x: jax.lax.fori_loop(0, iters, lambda i, x: body(w, x), x))
     xs = {t: jnp.full((1, t, d_in), 0.1, jnp.float32) for t in rows}
