@@ -4,6 +4,7 @@ compiled, run or stepped: for sharding reports, multi-device tests and notebooks
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -15,7 +16,7 @@ from mtpspec import sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import host, program
 from mtpspec.decoding.program import CACHE, Carry, ProgramKey
-from mtpspec.decoding.sampling import Sampling
+from mtpspec.decoding.sampling import Sampling, check_seed
 from mtpspec.decoding.spec import SpecConfig
 from mtpspec.decoding.stages import RUNNING, STOP_NAMES
 from mtpspec.decoding.stats import result_stats
@@ -90,6 +91,9 @@ def prepare(
                     XLA's dots; both on projections fused at load. "auto" picks "ffi" on CPU when
                     the kernel is built (and logs its choice); under a mesh only "xla" runs.
     """
+    seed = check_seed(seed)
+    if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
+        max_new_tokens = int(max_new_tokens)  # NumPy ints too
     sampling = Sampling(temperature, top_k, top_p)
     key, arrays = host.prepare(
         config,

@@ -3,6 +3,9 @@ buckets, the KV capacity formula, the program key, and placing the arguments on 
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -16,11 +19,12 @@ from mtpspec import ops, sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import proposers
 from mtpspec.decoding.program import ProgramKey
-from mtpspec.decoding.sampling import Sampling, check_sampling_args
+from mtpspec.decoding.sampling import Sampling, check_sampling_args, seed_key
 from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
 from mtpspec.models import inference
 from mtpspec.models.inference import resolve_linear
 from mtpspec.models.params import check_param_tree
+from mtpspec.models.state import init_decode_state
 from mtpspec.sharding import DATA
 
 BUCKET = 16  # prompt lengths and max_new_tokens are padded to multiples of this
@@ -72,10 +76,15 @@ def _check_call(config, params, max_new_tokens, speculative, eos_id) -> None:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     check_param_tree(config, params, allow_missing_mtp=True)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_new_tokens > MAX_POSITIONS:
+        raise ValueError(
+            f"max_new_tokens {max_new_tokens} exceeds the int32 positions this decoder uses "
+            f"(at most {MAX_POSITIONS} tokens per sequence)"
+        )
     if speculative is not None and not isinstance(speculative, SpecConfig):
         raise TypeError(
             f"speculative must be None or a SpecConfig, got {type(speculative).__name__}"
@@ -89,6 +98,42 @@ def _check_call(config, params, max_new_tokens, speculative, eos_id) -> None:
     ):
         raise ValueError(
             f"eos_id must be None or a token id in [0, {config.vocab_size}), got {eos_id!r}"
+        )
+
+
+MAX_POSITIONS = 2**31 - 1 - 2 * BUCKET  # int32 positions, with room for padding and a window
+MEMORY_FRACTION = 0.8  # refuse a call whose decode buffers alone need more than this
+
+
+def available_memory_bytes() -> int | None:
+    """The default device's memory limit (accelerators) or this machine's RAM (CPU); None if
+    unknown."""
+    device = jax.devices()[0]
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(config, batch: int, capacity: int, out_size: int, mesh) -> None:
+    """ValueError before any device work when the decode state and output buffers of a call
+    cannot fit (a huge max_new_tokens or capacity would otherwise die in XLA's allocator)."""
+    if capacity > MAX_POSITIONS:
+        raise ValueError(f"capacity {capacity} exceeds the int32 positions ({MAX_POSITIONS})")
+    shapes = jax.eval_shape(lambda: init_decode_state(config, batch, capacity))
+    need = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    need += 2 * batch * out_size * 4  # output tokens and per-step acceptance
+    devices = 1 if mesh is None else mesh.size
+    have = available_memory_bytes()
+    if have is not None and need > MEMORY_FRACTION * have * devices:
+        raise ValueError(
+            f"this call needs {need / 2**30:.1f} GiB for its decode state and output buffers "
+            f"(batch {batch}, capacity {capacity} tokens, {out_size} output slots), more than "
+            f"{MEMORY_FRACTION:.0%} of the {have * devices / 2**30:.1f} GiB available; lower "
+            "max_new_tokens, capacity or the batch"
         )
 
 
@@ -146,6 +191,7 @@ def prepare(
         linear=linear,
     )
     b = len(prompts)
+    check_memory(config, b, key.capacity, key.out_size, mesh)
     if mesh is not None:  # pad the batch to a multiple of the data axis with 1-token dummies
         b = round_up(b, mesh.shape[DATA])
     tokens = np.zeros((b, p_pad), np.int32)
@@ -165,7 +211,7 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -
     per-sequence arrays split on ``data``."""
     if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
         params = inference.MEMO.get(s.config, params, s.linear)
-        return (params, pparams, *(jnp.asarray(a) for a in arrays), jax.random.key(int(seed)))
+        return (params, pparams, *(jnp.asarray(a) for a in arrays), seed_key(seed))
     mesh = s.mesh
     params = sharding.shard_params(s.config, params, mesh)
     if pparams is not None:
@@ -175,7 +221,7 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -
         return sharding.place_host_array(x, sharding.batch_sharding(mesh, x.ndim))
 
     replicated = NamedSharding(mesh, P())
-    key_data = np.asarray(jax.random.key_data(jax.random.key(int(seed))))
+    key_data = np.asarray(jax.random.key_data(seed_key(seed)))
     return (
         params,
         pparams,

@@ -7,20 +7,48 @@ compiled program); keys are derived per step with ``fold_in`` so a seed reproduc
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
 
 
+def _is_real(x) -> bool:  # Python and NumPy numbers, not bools
+    return isinstance(x, numbers.Real) and not isinstance(x, bool | jnp.bool_)
+
+
 def check_sampling_args(temperature, top_k, top_p) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+    """Python or NumPy scalars; ValueError / TypeError naming the bad one."""
+    if not _is_real(temperature):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not temperature >= 0.0 or temperature == float("inf"):
+    if not float(temperature) >= 0.0 or float(temperature) == float("inf"):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 0:
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0:
+    if not _is_real(top_p) or not 0.0 < float(top_p) <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+
+def check_seed(seed) -> int:
+    """An int seed (Python or NumPy, any size) as a Python int; TypeError otherwise."""
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return int(seed)
+
+
+def seed_key(seed: int) -> jax.Array:
+    """The PRNG key of a seed. Seeds in [0, 2³²) map to ``jax.random.key(seed)``; every other int
+    folds its sign and each further 32-bit word in, so distinct seeds give distinct keys (JAX's
+    own ``key`` keeps only the low 32 bits of a large seed without x64)."""
+    key = jax.random.key(seed % 2**32)
+    if 0 <= seed < 2**32:
+        return key
+    key = jax.random.fold_in(key, 1 if seed < 0 else 0)
+    rest = abs(seed) >> 32
+    while rest:
+        key = jax.random.fold_in(key, rest % 2**32)
+        rest >>= 32
+    return key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +80,12 @@ class Sampling:
 
 
 def filtered_log_probs(logits: jax.Array, temperature: float, top_k: int, top_p: float):
-    """Log-probabilities [..., V] of the sampling distribution (−inf outside top-k / top-p)."""
-    x = logits.astype(jnp.float32) / temperature
+    """Log-probabilities [..., V] of the sampling distribution (−inf outside top-k / top-p).
+
+    The logits are shifted by their maximum before the division, so a tiny temperature (1e-10)
+    cannot overflow to inf − inf = NaN: it tends to greedy (ties shared) as it should."""
+    x = logits.astype(jnp.float32)
+    x = (x - jnp.max(x, axis=-1, keepdims=True)) / temperature
     if top_k and top_k < x.shape[-1]:
         kth = jax.lax.top_k(x, top_k)[0][..., -1:]
         x = jnp.where(x >= kth, x, -jnp.inf)

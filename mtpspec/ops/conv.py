@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _ACTIVATIONS = (None, "silu")
 
@@ -20,6 +21,9 @@ def _check(x, weight, window, activation, x_rank):
         raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
     if x.ndim != x_rank:
         raise ValueError(f"x must have rank {x_rank}, got shape {x.shape}")
+    for name, a in (("x", x), ("weight", weight), ("window", window)):
+        if a is not None and not jnp.issubdtype(a.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating-point array, got {a.dtype}")
     if weight.ndim != 2 or weight.shape[0] != x.shape[-1]:
         raise ValueError(f"weight must be [channels={x.shape[-1]}, width], got {weight.shape}")
     w = weight.shape[1]
@@ -91,9 +95,25 @@ def conv_window_after(
         raise ValueError(f"window {window.shape} and x {x.shape} must be [b, *, c] alike")
     xp = jnp.concatenate([window.astype(x.dtype), x], axis=1)
     width = window.shape[1]
+    check_counts(n, x.shape[0], x.shape[1])
     n = jnp.asarray(n, jnp.int32).reshape(x.shape[0])
 
     def one(row, start):
         return jax.lax.dynamic_slice_in_dim(row, start, width, axis=0)
 
     return jax.vmap(one)(xp, n)
+
+
+def check_counts(n, batch: int, t: int, name: str = "n") -> None:
+    """``n`` [batch] must be integers in 0..t: checked when concrete (a traced ``n`` inside a
+    jitted program is the caller's to bound), ValueError naming the first bad one."""
+    if isinstance(n, jax.core.Tracer):
+        return
+    values = np.asarray(n)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"{name} must be integers, got {values.dtype}")
+    if values.size != batch:
+        raise ValueError(f"{name} must hold {batch} counts (one per sequence), got {values.shape}")
+    bad = values[(values < 0) | (values > t)]
+    if bad.size:
+        raise ValueError(f"{name} must be in 0..{t} (the window length), got {int(bad[0])}")

@@ -11,6 +11,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mtpspec.ops.conv import check_counts
+
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -51,6 +53,7 @@ def state_after(
     no serial step. Exponent differences are masked with ``where`` *before* ``exp``.
     """
     b, t = k.shape[:2]
+    check_counts(n, b, t)
     n = jnp.asarray(n, jnp.int32).reshape(b)
     g_cum = aux.g_cum.astype(jnp.float32)  # [b, t, h]
     last = jnp.clip(n - 1, 0, t - 1)

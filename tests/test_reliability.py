@@ -1,0 +1,124 @@
+"""Bad inputs and numerical edges at the API boundary (issue 20's catalogue, decoding and ops
+part): each case either behaves correctly (a valid edge) or raises a ValueError / TypeError that
+names the problem before any device work — never NaN or garbage passed on."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mtpspec
+from mtpspec import config as C
+from mtpspec import models, ops
+from mtpspec.decoding.sampling import filtered_log_probs, seed_key
+from tests.gdn_testing import random_gdn_inputs
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = C.tiny_hybrid(vocab_size=32, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    return config, models.init_params(config, jax.random.key(11), norm_scale=0.1)
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    config, params = model
+    return mtpspec.generate(config, params, PROMPTS, max_new_tokens=12).tokens
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("temperature", [1e-10, 1e-30])
+def test_a_tiny_temperature_tends_to_greedy_instead_of_token_zero(model, greedy, temperature):
+    config, params = model
+    got = mtpspec.generate(config, params, PROMPTS, max_new_tokens=12, temperature=temperature)
+    assert got.tokens == greedy
+    logits = jnp.asarray([[3.0, 80.0, -5.0, 80.0]])
+    logp = np.asarray(filtered_log_probs(logits, temperature, 0, 1.0))
+    assert np.isfinite(logp[0, [1, 3]]).all() and np.allclose(np.exp(logp[0, [1, 3]]), 0.5)
+    assert (np.exp(logp[0, [0, 2]]) == 0).all()
+
+
+def test_numpy_scalars_are_numbers(model):
+    config, params = model
+    kw = dict(max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9, seed=3)
+    ref = mtpspec.generate(config, params, PROMPTS, **kw).tokens
+    np_kw = dict(
+        max_new_tokens=np.int64(8),
+        temperature=np.float32(0.7),
+        top_k=np.int32(5),
+        top_p=np.float64(0.9),
+        seed=np.uint64(3),
+    )
+    assert mtpspec.generate(config, params, PROMPTS, **np_kw).tokens == ref
+
+
+def test_seeds_of_any_size_give_distinct_keys_and_small_ones_are_unchanged():
+    seeds = [5, 5 + 2**32, -5, 2**70, 2**70 + 2**40, -(2**70)]
+    data = [tuple(np.asarray(jax.random.key_data(seed_key(s))).tolist()) for s in seeds]
+    assert len(set(data)) == len(seeds)
+    assert data[0] == tuple(np.asarray(jax.random.key_data(jax.random.key(5))).tolist())
+
+
+@pytest.mark.parametrize("seed", [None, 1.5, "7", True])
+def test_a_seed_that_is_not_an_int_is_refused(model, seed):
+    config, params = model
+    with pytest.raises(TypeError, match="seed must be an int"):
+        mtpspec.generate(config, params, PROMPTS, max_new_tokens=4, temperature=1.0, seed=seed)
+
+
+def test_a_huge_seed_runs(model):
+    config, params = model
+    a = mtpspec.generate(config, params, PROMPTS, max_new_tokens=6, temperature=1.0, seed=2**70)
+    b = mtpspec.generate(config, params, PROMPTS, max_new_tokens=6, temperature=1.0, seed=2**70)
+    assert a.tokens == b.tokens
+
+
+# ---- sizes ---------------------------------------------------------------------------------------
+
+
+def test_max_new_tokens_beyond_int32_positions_is_refused(model):
+    config, params = model
+    with pytest.raises(ValueError, match="int32 positions"):
+        mtpspec.generate(config, params, PROMPTS, max_new_tokens=2**31)
+
+
+def test_max_new_tokens_too_large_for_memory_is_refused_before_xla(model):
+    config, params = model
+    with pytest.raises(ValueError, match="GiB"):
+        mtpspec.generate(config, params, PROMPTS, max_new_tokens=10**9)
+
+
+# ---- ops -----------------------------------------------------------------------------------------
+
+
+def test_causal_conv1d_refuses_integer_inputs():
+    x = jnp.arange(2 * 5 * 4, dtype=jnp.int32).reshape(2, 5, 4)
+    with pytest.raises(TypeError, match="x must be a floating-point array"):
+        ops.causal_conv1d(x, jnp.ones((4, 4)))
+    with pytest.raises(TypeError, match="weight must be a floating-point array"):
+        ops.causal_conv1d(x.astype(jnp.float32), jnp.ones((4, 4), jnp.int32))
+
+
+@pytest.mark.parametrize("n", [[-1, 0], [0, 6], [2, 9]])
+def test_commit_counts_outside_the_window_are_refused(n):
+    t = 5
+    window, x = jnp.zeros((2, 3, 4)), jnp.ones((2, t, 4))
+    with pytest.raises(ValueError, match=r"n must be in 0\.\.5"):
+        ops.conv_window_after(window, x, jnp.asarray(n))
+    q, k, v, g, beta, s0 = random_gdn_inputs(0, 2, t, 1, 1, 4, 4)
+    _, _, aux = ops.gated_delta_rule_with_aux(q, k, v, g, beta, initial_state=s0)
+    with pytest.raises(ValueError, match=r"n must be in 0\.\.5"):
+        ops.state_after(s0, k, aux, jnp.asarray(n))
+
+
+def test_commit_counts_at_the_edges_are_accepted():
+    t = 5
+    window, x = jnp.zeros((2, 3, 4)), jnp.ones((2, t, 4))
+    out = ops.conv_window_after(window, x, jnp.asarray([0, t]))
+    assert (np.asarray(out[0]) == 0).all() and (np.asarray(out[1]) == 1).all()
