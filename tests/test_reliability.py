@@ -122,3 +122,29 @@ def test_commit_counts_at_the_edges_are_accepted():
     window, x = jnp.zeros((2, 3, 4)), jnp.ones((2, t, 4))
     out = ops.conv_window_after(window, x, jnp.asarray([0, t]))
     assert (np.asarray(out[0]) == 0).all() and (np.asarray(out[1]) == 1).all()
+
+
+@pytest.mark.parametrize("method", ["recurrent", "chunk", "assoc", "pallas"])
+def test_a_minus_inf_gate_resets_the_state_in_every_form(method):
+    """g = −inf is a valid log-decay (the state is wiped at that position): every form must give
+    the recurrence's finite answer, and positions before it must be untouched."""
+    q, k, v, g, beta, s0 = random_gdn_inputs(1, 2, 12, 2, 2, 16, 16)
+    g = g.at[0, 5, 1].set(-jnp.inf).at[1, 0, :].set(-jnp.inf).at[1, 11, 0].set(-jnp.inf)
+    ref_o, ref_s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method="recurrent")
+    o, s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method=method)
+    assert np.isfinite(np.asarray(o)).all() and np.isfinite(np.asarray(s)).all()
+    np.testing.assert_allclose(o, ref_o, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(s, ref_s, rtol=1e-4, atol=1e-4)
+    # a reset at (seq 1, position 0, all heads): the initial state does not matter
+    o2, _ = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0 * 3.0, method=method)
+    np.testing.assert_allclose(o2[1], o[1], rtol=1e-4, atol=1e-4)
+
+
+def test_nan_weights_are_refused_by_name(model):
+    config, params = model
+    layers = list(params["layers"])
+    mlp = dict(layers[1]["mlp"], w_down=layers[1]["mlp"]["w_down"].at[0, 0].set(jnp.nan))
+    layers[1] = dict(layers[1], mlp=mlp)
+    bad = dict(params, layers=layers)
+    with pytest.raises(ValueError, match=r"\['layers'\]\[1\]\['mlp'\]\['w_down'\].*NaN"):
+        mtpspec.generate(config, bad, PROMPTS, max_new_tokens=4)

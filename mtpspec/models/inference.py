@@ -162,6 +162,7 @@ def inference_params(config: ModelConfig, params: dict, impl: str) -> dict:
     fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``."""
     if impl not in ("xla", "ffi"):
         raise ValueError(f"inference_params needs a resolved implementation, got {impl!r}")
+    check_finite(params)
     out = dict(params)
     out["layers"] = [
         _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
@@ -174,6 +175,19 @@ def inference_params(config: ModelConfig, params: dict, impl: str) -> dict:
         mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
         out["mtp"] = mtp
     return out
+
+
+def check_finite(params) -> None:
+    """ValueError naming the first weight with a NaN or infinity (one reduction per leaf; run once
+    per parameter set, when its decoding tree is made, so a NaN checkpoint cannot decode into
+    silent garbage)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    flags = [jnp.all(jnp.isfinite(x)) for _, x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
+    if all(bool(f) for f in jax.device_get(flags)):
+        return
+    names = [path for path, x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
+    bad = next(n for n, f in zip(names, jax.device_get(flags)) if not bool(f))
+    raise ValueError(f"parameter {jax.tree_util.keystr(bad)} holds NaN or infinite values")
 
 
 class _Memo:

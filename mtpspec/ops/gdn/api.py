@@ -47,6 +47,9 @@ DEFAULT_CHUNK_SIZE_OTHER = 64
 # at realistic heads the chunked form (chunk = min(32, t)) already wins from t = 2
 # (`python -m experiments.bench_gdn`, BUILD_NOTES.md); "assoc" never wins there (k³ per combine).
 AUTO_RECURRENT_MAX_T = 1
+# Log-decays below this are clamped to it: exp(−200) is exactly 0 in float32 (and bfloat16), so a
+# −inf gate (a full reset) means the same in every form without NaN from −inf − (−inf).
+G_FLOOR = -200.0
 # CPU exceptions, measured on 2026-12-01 (BUILD_NOTES.md): a single token runs the chunked form
 # (faster than the one-step scan at realistic and at tiny heads), and small per-head states
 # (k·v <= CPU_SMALL_STATE, e.g. the default model's 32 × 32) run the recurrence for verify windows
@@ -215,6 +218,9 @@ def gated_delta_rule_with_aux(
     With ``return_states=True`` the aux carries every per-position state [b, t, hv, k, v].
     """
     _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size)
+    # g = −inf (full decay: the state is reset) is valid; every form sees it as G_FLOOR, whose
+    # exp is exactly 0 in float32, so differences of cumulative gates stay finite (no −inf − −inf)
+    g = jnp.maximum(g.astype(jnp.float32), G_FLOOR)
     b, t, _, dk = k.shape
     hv, dv = v.shape[2:]
     platform = jax.default_backend()
