@@ -148,3 +148,23 @@ def test_nan_weights_are_refused_by_name(model):
     bad = dict(params, layers=layers)
     with pytest.raises(ValueError, match=r"\['layers'\]\[1\]\['mlp'\]\['w_down'\].*NaN"):
         mtpspec.generate(config, bad, PROMPTS, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("proposer", [None, "ngram", "mtp"])
+def test_a_capacity_that_fits_the_prompt_but_not_its_bucket_runs(model, proposer):
+    """Prompts are padded to a bucket of 16 for prefill; a capacity between the prompt length
+    and its bucket holds the prompt and must run (padding writes beyond capacity are dropped),
+    emitting a prefix of the default-capacity tokens and stopping with reason "capacity"."""
+    config, params = model
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]  # 17 -> bucket 32
+    spec = None if proposer is None else mtpspec.SpecConfig(proposer, 2)
+    ref = mtpspec.generate(config, params, prompts, max_new_tokens=12, speculative=spec)
+    got = mtpspec.generate(
+        config, params, prompts, max_new_tokens=12, speculative=spec, capacity=22
+    )
+    assert got.stop_reasons[0] == "capacity" and got.stop_reasons[1] == "length"
+    assert 0 < len(got.tokens[0]) < len(ref.tokens[0])
+    assert got.tokens[0] == ref.tokens[0][: len(got.tokens[0])]
+    assert got.tokens[1] == ref.tokens[1]
+    with pytest.raises(ValueError, match="cannot hold the longest prompt"):
+        mtpspec.generate(config, params, prompts, max_new_tokens=4, capacity=17)

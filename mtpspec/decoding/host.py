@@ -137,13 +137,13 @@ def check_memory(config, batch: int, capacity: int, out_size: int, mesh) -> None
         )
 
 
-def _check_capacity_arg(capacity, longest: int, p_pad: int) -> int:
+def _check_capacity_arg(capacity, longest: int) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-    if capacity < p_pad or capacity < longest + 1:
+    if capacity < longest + 1:
         raise ValueError(
-            f"capacity {capacity} cannot hold the longest prompt ({longest} tokens, padded to "
-            f"{p_pad}) plus one generated token"
+            f"capacity {capacity} cannot hold the longest prompt ({longest} tokens) plus one "
+            "generated token"
         )
     return capacity
 
@@ -185,7 +185,7 @@ def prepare(
         sampling=Sampling(float(sampling.temperature), int(sampling.top_k), float(sampling.top_p)),
         capacity=default_capacity(longest, max_new_tokens, k)
         if capacity is None
-        else _check_capacity_arg(capacity, longest, p_pad),
+        else _check_capacity_arg(capacity, longest),
         out_size=round_up(max(max_new_tokens, 1), BUCKET),
         mesh=mesh,
         linear=linear,

@@ -72,7 +72,8 @@ class NgramProposer(Proposer):
 
     def init(self, s, params, pparams, pre: Prefilled, key):
         b, p = pre.prompts.shape
-        hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :p].set(pre.prompts)
+        m = min(p, s.capacity + 1)  # the bucket-padded prompt may be longer than the history
+        hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :m].set(pre.prompts[:, :m])
         return NgramState(hist.at[jnp.arange(b), pre.lengths].set(pre.first)), pre.state
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
