@@ -88,12 +88,11 @@ def _run(workdir, corpus, *extra):
         *extra,
     ]  # fmt: skip
     cache = os.environ.get("MTPSPEC_TEST_JAX_CACHE", str(REPO / ".jax_cache"))
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "JAX_COMPILATION_CACHE_DIR": cache,  # the three runs compile the same train step
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
-    }
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    if cache != "off":  # the three runs compile the same train step
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5"
+        )
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
