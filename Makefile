@@ -29,6 +29,12 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix mtpspec experiments tests
 	$(BIN)/ruff format mtpspec experiments tests
 
+# The persistent compilation cache is off here (a full run once crashed inside JAX's CPU executable
+# serialization while writing an entry; BUILD_NOTES.md, 2026-12-01): ~14 min instead of ~11 on two
+# cores. `make test MTPSPEC_TEST_JAX_CACHE=.jax_cache` turns it back on.
+MTPSPEC_TEST_JAX_CACHE ?= off
+export MTPSPEC_TEST_JAX_CACHE
+
 test: lint
 	$(BIN)/python -m pytest -n 2 -q tests
 
