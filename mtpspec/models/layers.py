@@ -92,9 +92,8 @@ def cached_attention(
     start: jax.Array,  # [b] int32
 ) -> jax.Array:  # [b, t, hq, d] float32
     """Causal GQA attention of a window over the committed prefix (the cache *before* the window
-    is written) and over the window itself, one softmax over both. The same keys as attending
-    over the updated cache, but the cache update then has a single reader (the returned state),
-    so XLA writes it in place instead of copying the cache for the products that read it."""
+    is written) and over the window itself, one softmax over both: the same keys as attending
+    over the updated cache, and the products read the cache in its stored layout."""
     b, t, hq, d = q.shape
     g, n = k_cache.shape[1], k_cache.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
