@@ -18,8 +18,8 @@ from mtpspec.ops import GDNAux
 class AttentionCache(NamedTuple):
     """Fixed-capacity KV of one attention layer in the layouts decode reads in place: keys
     head-major [b, h_kv, n, d] (q·k contracts d, the minor axis), values transposed
-    [b, h_kv, d, n] (p·v contracts n, now the minor axis), so grouped attention runs without
-    copying or transposing the cache (BUILD_NOTES, 2026-12-01). Entries at or beyond a sequence's
+    [b, h_kv, d, n] (p·v contracts n, now the minor axis), so grouped attention reads them
+    without a transpose (BUILD_NOTES, 2026-12-01). Entries at or beyond a sequence's
     length are stale and masked, never read."""
 
     k: jax.Array  # [b, h_kv, n, d]
