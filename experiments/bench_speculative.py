@@ -205,6 +205,11 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     return pieces, timed
 
 
+def _impls() -> list[str]:
+    """The linear implementations to compare: "xla", then the "auto" choice when it differs."""
+    return sorted({"xla", resolve_linear("auto")}, key=lambda x: x != "xla")
+
+
 def print_pieces(pieces, ks, commits, proposers, iters, config):
     t_step = statistics.median(pieces[k]["step"] for k in ks)
     print(f"\ncost pieces (ms per call, jitted loop of {iters}); step {t_step * 1e3:.3f}")
@@ -219,7 +224,7 @@ def print_pieces(pieces, ks, commits, proposers, iters, config):
     d_ff = config.intermediate_size or 4 * config.hidden_size
     mm = {
         impl: analysis.matmul_row_scaling(config.hidden_size, d_ff, rows, linear=impl)
-        for impl in sorted({"xla", resolve_linear("auto")}, key=lambda x: x != "xla")
+        for impl in _impls()
     }
     for impl, costs in mm.items():
         print(
@@ -282,7 +287,7 @@ def memory_report(pieces, k, commits) -> dict:
 
 def linear_report(config, params, prompt, ks, run) -> dict:
     """r(t) and the per-piece decomposition for "xla" and the "auto" choice, in one round-robin."""
-    impls = sorted({"xla", resolve_linear("auto")}, key=lambda x: x != "xla")
+    impls = _impls()
     max_t = max(FLAGS.max_window, max(ks) + 1)
     capacity = decoding.default_capacity(len(prompt), run["max_new"], max_t - 1)
     spec = decoding.SpecConfig("ngram", 1)

@@ -199,11 +199,6 @@ def piece_costs(
 PIECES = ("attention", "gdn", "mlp", "lm_head")
 
 
-def _gdn_method(t: int) -> str:
-    """The GDN form the decoding program runs for a t-token window (host-side rule)."""
-    return ops.gdn_method_for("auto", t)
-
-
 def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     """Loop jobs for a t-token window of the prepared call's post-prefill state: the whole target
     window ("model") and, with ``pieces``, every mixer, every MLP and the LM head."""
@@ -214,7 +209,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     state, b = carry.state, carry.pending.shape[0]
     x = jnp.full((b, t, config.hidden_size), 0.1, jnp.float32)
     start, valid = state.lengths, jnp.full((b,), t, jnp.int32)
-    method = _gdn_method(t)
+    method = ops.gdn_method_for("auto", t, sharded=s.mesh is not None)  # as host.prepare asks
     jobs = {}
     attn = [i for i, lt in enumerate(config.layer_types) if lt == FULL]
     gdn = [i for i, lt in enumerate(config.layer_types) if lt != FULL]
@@ -242,13 +237,11 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
             h = h + 1e-3 * layers.mlp(config, config.mlp_types[i], p["mlp"], h)
         return h
 
-    if pieces:
-        jobs[("mlp", 0)] = loop_job(mlps, params["layers"], x, iters=iters)
-
     def head(prm, h):
         return h + 1e-3 * jnp.mean(lm_logits(config, prm, h), axis=-1, keepdims=True)
 
     if pieces:
+        jobs[("mlp", 0)] = loop_job(mlps, params["layers"], x, iters=iters)
         jobs[("lm_head", 0)] = loop_job(head, params, x, iters=iters)
     sk = s._replace(k=t - 1, proposer=None, verify_method=method)
     active = jnp.ones((b,), bool)

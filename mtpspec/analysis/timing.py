@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mtpspec.models.inference import Linear, resolve_linear
+
 
 def median_seconds(fn: Callable, *args, repeats: int = 20, warmup: int = 2) -> float:
     """Median wall time of ``fn(*args)`` (blocked until ready) over ``repeats`` calls."""
@@ -108,24 +110,13 @@ def matmul_row_scaling(
     kernel, ``kernels.cpu_linear``, on weights packed once)."""
     w1 = jax.random.normal(jax.random.key(0), (d_in, d_out), jnp.float32) / np.sqrt(d_in)
     w2 = jax.random.normal(jax.random.key(1), (d_out, d_in), jnp.float32) / np.sqrt(d_out)
-    hi = jax.lax.Precision.HIGHEST
-    if linear == "ffi":
-        from mtpspec.kernels import cpu_linear
-
-        cpu_linear.require()
-        w1, w2 = cpu_linear.pack(w1), cpu_linear.pack(w2)
-
-        def body(w, x):
-            y = cpu_linear.apply(x[0], w[0], d_out)
-            return jnp.tanh(cpu_linear.apply(y, w[1], d_in))[None]
-
-    elif linear == "xla":
-
-        def body(w, x):
-            return jnp.tanh(jnp.matmul(jnp.matmul(x, w[0], precision=hi), w[1], precision=hi))
-
-    else:
+    if linear not in ("xla", "ffi"):
         raise ValueError(f"linear must be 'xla' or 'ffi', got {linear!r}")
+    resolve_linear(linear)  # an explicit "ffi" raises here when the kernel cannot run
+    w1, w2 = Linear.of(w1, linear), Linear.of(w2, linear)
+
+    def body(w, x):
+        return jnp.tanh(w[1](w[0](x)))
 
     run = jax.jit(lambda w, x: jax.lax.fori_loop(0, iters, lambda i, x: body(w, x), x))
     xs = {t: jnp.full((1, t, d_in), 0.1, jnp.float32) for t in rows}

@@ -3,6 +3,7 @@ buckets, the KV capacity formula, the program key, and placing the arguments on 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import os
@@ -118,14 +119,18 @@ def available_memory_bytes() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=64)
+def _state_bytes(config, batch: int, capacity: int) -> int:
+    shapes = jax.eval_shape(lambda: init_decode_state(config, batch, capacity))
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
 def check_memory(config, batch: int, capacity: int, out_size: int, mesh) -> None:
     """ValueError before any device work when the decode state and output buffers of a call
     cannot fit (a huge max_new_tokens or capacity would otherwise die in XLA's allocator)."""
     if capacity > MAX_POSITIONS:
         raise ValueError(f"capacity {capacity} exceeds the int32 positions ({MAX_POSITIONS})")
-    shapes = jax.eval_shape(lambda: init_decode_state(config, batch, capacity))
-    need = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(shapes))
-    need += 2 * batch * out_size * 4  # output tokens and per-step acceptance
+    need = _state_bytes(config, batch, capacity) + 2 * batch * out_size * 4  # + out, accepts
     devices = 1 if mesh is None else mesh.size
     have = available_memory_bytes()
     if have is not None and need > MEMORY_FRACTION * have * devices:

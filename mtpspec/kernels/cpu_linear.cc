@@ -3,7 +3,7 @@
 //
 // W is packed once at load as [tiles, in, 16] float32: tile j holds output columns 16j..16j+15
 // (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
-// read from memory once per call and re-read from L1/L2 for every further pair of rows.
+// read from memory once per call and re-read from L1/L2 for every further block of rows.
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
 // mtpspec/kernels/cpu_linear.py, which checks `mtpspec_cpu_linear_supported()` first.

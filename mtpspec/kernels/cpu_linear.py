@@ -5,8 +5,8 @@ target.
     wp = pack(w)                       # [in, out] -> [ceil(out / 16), in, 16] float32, once
     y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
 
-Each row's result is accumulated in the same order whatever the row count, so a row gives bitwise
-the same output in a 1-row decode step and in a k-row verify window. Work above ~32 K
+Rows are processed in blocks of 4 (then 3, 2 or 1) against each 16-column tile, so a row's
+accumulation order depends on the block it falls in, as in any blocked GEMM. Work above ~32 K
 multiply-adds is shared with one helper thread of XLA's intra-op pool (``THREADS``).
 """
 

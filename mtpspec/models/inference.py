@@ -79,6 +79,14 @@ class Linear:
             x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32
         )
 
+    @classmethod
+    def of(cls, w, impl: str, splits: tuple[int, ...] | None = None) -> Linear:
+        """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi")."""
+        w = jnp.asarray(w)
+        d_in, d_out = w.shape
+        packed = cpu_linear.pack(w) if impl == "ffi" else w
+        return cls(packed, d_in, splits or (d_out,), impl)
+
     def split(self, y: jax.Array) -> list[jax.Array]:
         """The fused output split back into its projections."""
         cuts, at = [], 0
@@ -126,23 +134,16 @@ def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = N
     return choice
 
 
-def _linear(w, impl: str, splits=None) -> Linear:
-    w = jnp.asarray(w)
-    d_in, d_out = w.shape
-    packed = cpu_linear.pack(w) if impl == "ffi" else w
-    return Linear(packed, d_in, splits or (d_out,), impl)
-
-
 def _block(kind: str, p: dict, impl: str) -> dict:
     q = dict(p)
     names = FUSED.get(kind, ())
     if names and all(n in q for n in names):
         ws = [q.pop(n) for n in names]
         splits = tuple(int(w.shape[1]) for w in ws)
-        q[fused_name(names)] = _linear(jnp.concatenate(ws, axis=1), impl, splits)
+        q[fused_name(names)] = Linear.of(jnp.concatenate(ws, axis=1), impl, splits)
     for n in SINGLE.get(kind, ()):
         if n in q:
-            q[n] = _linear(q[n], impl)
+            q[n] = Linear.of(q[n], impl)
     if kind == "moe" and "shared" in q:
         q["shared"] = _block("mlp", q["shared"], impl)
     return q
@@ -168,10 +169,10 @@ def inference_params(config: ModelConfig, params: dict, impl: str) -> dict:
         _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
     ]
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    out["lm_head"] = _linear(head, impl)
+    out["lm_head"] = Linear.of(head, impl)
     if "mtp" in params:
         mtp = dict(params["mtp"])
-        mtp["fc"] = _linear(mtp["fc"], impl)
+        mtp["fc"] = Linear.of(mtp["fc"], impl)
         mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
         out["mtp"] = mtp
     return out
@@ -181,13 +182,15 @@ def check_finite(params) -> None:
     """ValueError naming the first weight with a NaN or infinity (one reduction per leaf; run once
     per parameter set, when its decoding tree is made, so a NaN checkpoint cannot decode into
     silent garbage)."""
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    flags = [jnp.all(jnp.isfinite(x)) for _, x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
-    if all(bool(f) for f in jax.device_get(flags)):
-        return
-    names = [path for path, x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
-    bad = next(n for n, f in zip(names, jax.device_get(flags)) if not bool(f))
-    raise ValueError(f"parameter {jax.tree_util.keystr(bad)} holds NaN or infinite values")
+    leaves = [
+        (path, x)
+        for path, x in jax.tree_util.tree_leaves_with_path(params)
+        if jnp.issubdtype(x.dtype, jnp.floating)
+    ]
+    finite = jax.device_get([jnp.all(jnp.isfinite(x)) for _, x in leaves])
+    for (path, _), ok in zip(leaves, finite):
+        if not ok:
+            raise ValueError(f"parameter {jax.tree_util.keystr(path)} holds NaN or infinite values")
 
 
 class _Memo:

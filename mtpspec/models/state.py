@@ -109,8 +109,8 @@ class DecodeState(NamedTuple):
     def capacity(self) -> int:
         for cache in self.layers:
             if isinstance(cache, AttentionCache):
-                return cache.k.shape[2]
-        return self.mtp.k.shape[2] if self.mtp is not None else 2**31 - 1
+                return cache.capacity
+        return self.mtp.capacity if self.mtp is not None else 2**31 - 1
 
 
 def init_decode_state(config: ModelConfig, batch: int, capacity: int) -> DecodeState:
