@@ -10,10 +10,10 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# The C++ CPU linear (mtpspec/kernels/cpu_linear.cc) compiles against jaxlib's XLA FFI headers, so
-# jax goes in first and the package builds without isolation. Without a C++ compiler the install
-# still succeeds and the kernel is reported unavailable (mtpspec.kernels.cpu_linear.status()).
-$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml mtpspec/kernels/cpu_linear.cc
+# The C++ CPU kernels (mtpspec/kernels/*.cc) compile against jaxlib's XLA FFI headers, so jax goes
+# in first and the package builds without isolation. Without a C++ compiler the install still
+# succeeds and the kernels are reported unavailable (mtpspec.kernels.library.status()).
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml $(wildcard mtpspec/kernels/*.cc)
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
 	$(BIN)/python -m pip install -q 'jax>=0.4.35'
 	$(BIN)/python -m pip install -q --no-build-isolation -e '.[dev]'
@@ -65,4 +65,4 @@ gpu-check-smoke: $(STAMP)
 	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
 
 clean:
-	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache mtpspec/kernels/_cpu_linear*.so
+	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache mtpspec/kernels/_cpu_*.so

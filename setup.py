@@ -1,12 +1,12 @@
 """Build step for the optional C++ kernel (everything else is in setup.cfg).
 
-``mtpspec/kernels/cpu_linear.cc`` (a few-row CPU linear called from XLA through ``jax.ffi``) is
-compiled against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``), so jax must be
+``mtpspec/kernels/cpu_linear.cc`` (a few-row CPU linear) and ``cpu_gdn.cc`` (the gated delta rule
+over a short window), both called from XLA through ``jax.ffi``, are compiled into one library against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``), so jax must be
 importable when this runs: ``make install`` installs it first and builds with
-``--no-build-isolation``. The kernel is optional: without jax at build time, without a C++
-compiler, or if compiling fails, the install still succeeds without it; at run time
-``mtpspec.kernels.cpu_linear.status()`` says why it is missing and ``linear="auto"`` uses XLA's
-dots instead.
+``--no-build-isolation``. The kernels are optional: without jax at build time, without a C++
+compiler, or if compiling fails, the install still succeeds without them; at run time
+``mtpspec.kernels.library.status()`` says why they are missing, and ``linear="auto"`` / the GDN
+method ``"auto"`` use XLA instead.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from setuptools.command.build_ext import build_ext
 
 
 class OptionalBuildExt(build_ext):
-    """Build the kernel if possible; never fail the install because of it."""
+    """Build the kernels if possible; never fail the install because of them."""
 
     def run(self):
         try:
@@ -35,8 +35,8 @@ class OptionalBuildExt(build_ext):
     @staticmethod
     def _skip(error):
         print(
-            f"mtpspec: the C++ CPU linear kernel was not built ({error}); "
-            "mtpspec runs without it (linear='xla')",
+            f"mtpspec: the C++ CPU kernels were not built ({error}); "
+            "mtpspec runs without them (XLA only)",
             file=sys.stderr,
         )
 
@@ -49,8 +49,8 @@ def _ext_modules():
         return []
     return [
         Extension(
-            "mtpspec.kernels._cpu_linear",
-            sources=["mtpspec/kernels/cpu_linear.cc"],
+            "mtpspec.kernels._cpu_kernels",
+            sources=["mtpspec/kernels/cpu_linear.cc", "mtpspec/kernels/cpu_gdn.cc"],
             include_dirs=[jax.ffi.include_dir()],
             extra_compile_args=["-O3", "-std=c++17", "-w"],
             language="c++",

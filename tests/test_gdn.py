@@ -12,10 +12,13 @@ import pytest
 from hypothesis import given, settings
 
 from mtpspec import ops
+from mtpspec.kernels import cpu_gdn
 from tests.gdn_testing import random_gdn_inputs, rel_err
 
 CHUNK = 16  # small chunk so that T in {C-1, C, C+1, long} stays cheap
 FAST_METHODS = ("chunk", "assoc")
+# forward-only forms: the C++ kernel (decoding only, no gradient) where it is built
+FORWARD_METHODS = FAST_METHODS + (("ffi",) if cpu_gdn.available() else ())
 TOL = 1e-5
 
 
@@ -39,7 +42,7 @@ def assert_forms_agree(inputs, method, *, states=True):
         assert rel_err(aux.states, ref_aux.states) <= TOL, ("states",)
 
 
-@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("method", FORWARD_METHODS)
 @pytest.mark.parametrize("t", [1, CHUNK - 1, CHUNK, CHUNK + 1, 5 * CHUNK + 3])
 @pytest.mark.parametrize("with_state", [False, True])
 def test_method_matches_recurrence_over_lengths(method, t, with_state):
@@ -47,7 +50,7 @@ def test_method_matches_recurrence_over_lengths(method, t, with_state):
     assert_forms_agree(inputs, method)
 
 
-@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("method", FORWARD_METHODS)
 @pytest.mark.parametrize(
     "b,hk,r,dk,dv",
     [(1, 1, 1, 8, 8), (3, 2, 1, 32, 16), (1, 1, 4, 16, 32), (2, 4, 2, 8, 12)],
@@ -67,7 +70,7 @@ def test_method_matches_recurrence_over_head_layouts(method, b, hk, r, dk, dv):
     dv=st.sampled_from([4, 8, 12]),
     chunk=st.sampled_from([4, 8, 16, 64]),
     with_state=st.booleans(),
-    method=st.sampled_from(FAST_METHODS),
+    method=st.sampled_from(FORWARD_METHODS),
     seed=st.integers(0, 2**16),
 )
 def test_fuzzed_shapes_and_chunk_sizes_match_recurrence(
@@ -89,7 +92,7 @@ def test_explicit_scale_is_used():
     assert rel_err(o2, ref) <= TOL
 
 
-@pytest.mark.parametrize("method", ("recurrent",) + FAST_METHODS)
+@pytest.mark.parametrize("method", ("recurrent",) + FORWARD_METHODS)
 def test_bf16_inputs_error_within_reference_bf16_error(method):
     """bf16 inputs: compared with an f32 evaluation on the same (bf16-rounded) values, each
     method's error is at most 1.5x the reference's own bf16 error (+ a hair for ties)."""
@@ -136,7 +139,7 @@ def test_gradients_match_recurrence(method):
         assert rel_err(a, e) <= 1e-4, (name, rel_err(a, e))
 
 
-@pytest.mark.parametrize("method", ("recurrent",) + FAST_METHODS)
+@pytest.mark.parametrize("method", ("recurrent",) + FORWARD_METHODS)
 def test_state_after_matches_every_prefix_state(method):
     """The replay closed form from (u, g_cum) gives S_n for every n in 0..t, per sequence."""
     inputs = random_gdn_inputs(9, 2, 9, 2, 2, 8, 8)

@@ -209,7 +209,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     state, b = carry.state, carry.pending.shape[0]
     x = jnp.full((b, t, config.hidden_size), 0.1, jnp.float32)
     start, valid = state.lengths, jnp.full((b,), t, jnp.int32)
-    method = ops.gdn_method_for("auto", t, sharded=s.mesh is not None)  # as host.prepare asks
+    method = ops.gdn_method_for("auto", t, sharded=s.mesh is not None, native=True)  # as prepare
     jobs = {}
     attn = [i for i, lt in enumerate(config.layer_types) if lt == FULL]
     gdn = [i for i, lt in enumerate(config.layer_types) if lt != FULL]

@@ -178,7 +178,7 @@ def prepare(
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
     verify_method = ops.gdn_method_for(
-        speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
+        speculative.verify_method if speculative else "auto", k + 1, sharded=sharded, native=True
     )
     key = ProgramKey(
         config=config,

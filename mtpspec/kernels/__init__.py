@@ -1,5 +1,7 @@
-"""Native kernels called from XLA through ``jax.ffi`` (optional: built by the install step).
+"""Native kernels called from XLA through ``jax.ffi`` (optional: built by the install step into
+one library, ``_cpu_kernels*.so``; ``library.status()`` says whether it is available and why).
 
 cpu_linear   y = x W for a few rows on CPU (the decode step and the verify window), weights
-             packed once at load; ``cpu_linear.status()`` says whether it is available and why
+             packed once at load
+cpu_gdn      the gated delta rule over a short window on CPU (GDN method "ffi")
 """

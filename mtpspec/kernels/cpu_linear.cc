@@ -6,7 +6,8 @@
 // read from memory once per call and re-read from L1/L2 for every further block of rows.
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
-// mtpspec/kernels/cpu_linear.py, which checks `mtpspec_cpu_linear_supported()` first.
+// mtpspec/kernels/library.py, which checks `mtpspec_cpu_linear_supported()` first (the whole library
+// needs AVX2 + FMA).
 
 #include <immintrin.h>
 

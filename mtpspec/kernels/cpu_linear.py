@@ -12,41 +12,31 @@ multiply-adds is shared with one helper thread of XLA's intra-op pool (``THREADS
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from mtpspec.kernels import library
 
 TARGET = "mtpspec_cpu_linear"
 TILE = 16
 # caller + one pool helper: the 2-core machines this is tuned on (1: the caller alone)
 THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
 SHARED_MAX_ROWS = 8  # calls with more rows run on the caller alone (see apply)
-_HERE = pathlib.Path(__file__).parent
 
 
 @functools.cache
 def status() -> tuple[bool, str]:
-    """(available, reason): the kernel is built, the CPU has AVX2 + FMA, and the FFI target is
-    registered with XLA's CPU platform."""
-    libs = sorted(_HERE.glob("_cpu_linear*.so"))
-    if not libs:
-        return False, (
-            f"the C++ kernel is not built (no _cpu_linear*.so in {_HERE}); reinstall with "
-            "`make install` on a machine with a C++ compiler"
-        )
-    try:
-        lib = ctypes.CDLL(str(libs[-1]))
-    except OSError as e:
-        return False, f"the C++ kernel {libs[-1].name} cannot be loaded: {e}"
-    if not lib.mtpspec_cpu_linear_supported():
-        return False, "this CPU lacks AVX2/FMA, which the C++ kernel needs"
-    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuLinear), platform="cpu")
-    return True, f"built ({libs[-1].name})"
+    """(available, reason): the kernel library is built, the CPU has AVX2 + FMA, and the FFI
+    target is registered with XLA's CPU platform."""
+    ok, why = library.status()
+    if ok:
+        lib = library.handle()
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuLinear), platform="cpu")
+    return ok, why
 
 
 def available() -> bool:
@@ -81,6 +71,7 @@ def unpack(wp: jax.Array, d_out: int) -> jax.Array:
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call)."""
+    require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     threads = THREADS if rows <= SHARED_MAX_ROWS else 1
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(

@@ -9,6 +9,11 @@ happens here (the layer does it). Inputs may be bf16; math and state are float32
 back in q's dtype. An explicitly named method runs or raises, never falls back; ``"auto"`` picks by
 shape and platform (``resolve_gdn_method``) and logs its choice once per shape.
 
+``"ffi"`` (``mtpspec/kernels/cpu_gdn.cc``) is the recurrence as one native call per layer on CPU,
+for decoding windows (no gradient); ``"auto"`` picks it only where decoding asks for it
+(``gdn_method_for(..., native=True)``), never for training. Where it cannot run (not built, not
+CPU, under a mesh) an explicit ``"ffi"`` raises OSError / ValueError before any device work.
+
 ``"pallas"`` (``pallas_gpu.py``) is compiled through Triton on GPU and runs with
 ``interpret=True`` on CPU; anything it cannot run (dtype, key dim, chunk size, platform) raises a
 ValueError naming it, before any device work.
@@ -23,6 +28,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mtpspec.kernels import cpu_gdn
 from mtpspec.ops.gdn.assoc import assoc
 from mtpspec.ops.gdn.chunk import chunked
 from mtpspec.ops.gdn.common import GDNAux, expand_key_heads
@@ -37,7 +43,10 @@ from mtpspec.ops.gdn.reference import recurrent
 
 logger = logging.getLogger("mtpspec.ops")
 
-GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas")
+GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas", "ffi")
+# Decoding windows of up to this many tokens run the native kernel ("ffi") under "auto" on CPU
+# when it is built (`python -m experiments.bench_speculative`, BUILD_NOTES.md 2026-12-02).
+FFI_MAX_T = 16
 # Default chunk length per platform: 64 as in fla/HF on GPU; on CPU 32 measured fastest at
 # realistic heads (`python -m experiments.bench_gdn --chunk_size=...`, BUILD_NOTES.md).
 DEFAULT_CHUNK_SIZE = {"cpu": 32}
@@ -95,15 +104,25 @@ def resolve_gdn_method(
     return "chunk"
 
 
-def gdn_method_for(method: str, t: int, *, sharded: bool = False) -> str:
+def gdn_method_for(method: str, t: int, *, sharded: bool = False, native: bool = False) -> str:
     """The GDN method a model should be run with for ``t`` positions (host side, before tracing).
 
-    Validates the name. Without a mesh it is returned as is (``"auto"`` resolves per call, with
-    the call's dtypes). Under a device mesh (``sharded=True``) ``pallas_call`` has no GSPMD
-    partitioning rule (a ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` is
+    Validates the name. ``native``: the caller decodes (no gradient needed), so ``"auto"`` may
+    pick the C++ kernel ("ffi") on CPU for ``t <= FFI_MAX_T`` when it is built and not under a
+    mesh (logged); an explicit ``"ffi"`` raises where it cannot run. Otherwise, without a mesh,
+    the name is returned as is (``"auto"`` resolves per call, with the call's dtypes). Under a
+    device mesh (``sharded=True``) ``pallas_call`` and the FFI kernel have no GSPMD partitioning
+    rule (a ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` or ``"ffi"`` is
     refused and ``"auto"`` is resolved here to a form that partitions (logged)."""
     if method not in GDN_METHODS:
         raise ValueError(f"unknown GDN method {method!r}; expected one of {GDN_METHODS}")
+    if method == "ffi":
+        _check_ffi(sharded)
+    if method == "auto" and native and not sharded and t <= FFI_MAX_T:
+        platform = jax.default_backend()
+        if platform == "cpu" and cpu_gdn.available():
+            _log_auto_choice(t, f"{platform} (decoding)", "ffi")
+            return "ffi"
     if not sharded:
         return method
     if method == "pallas":
@@ -116,6 +135,19 @@ def gdn_method_for(method: str, t: int, *, sharded: bool = False) -> str:
         method = resolve_gdn_method(t, platform, pallas_ok=False)
         _log_auto_choice(t, f"{platform} under a mesh", method)
     return method
+
+
+def _check_ffi(sharded: bool = False) -> None:
+    if sharded:
+        raise ValueError(
+            "GDN method 'ffi' cannot run under a device mesh (the C++ kernel is not "
+            "partitioned); use 'auto' or 'chunk'"
+        )
+    if jax.default_backend() != "cpu":
+        raise ValueError(
+            f"GDN method 'ffi' is a CPU kernel; the default backend is {jax.default_backend()!r}"
+        )
+    cpu_gdn.require()
 
 
 @functools.lru_cache(maxsize=256)
@@ -167,6 +199,8 @@ def _check_inputs(q, k, v, g, beta, initial_state, scale, method, chunk_size):
         reason = _pallas_reason(q, k, v, chunk_size, jax.default_backend())
         if reason is not None:
             raise ValueError(reason)
+    if method == "ffi":
+        _check_ffi()
 
 
 def _pallas_reason(q, k, v, chunk_size, platform):
@@ -188,6 +222,9 @@ def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk
             interpret=platform == "cpu",  # static: part of the jit cache key
         )
         o, final, u, states = gdn_pallas(q, k, v, g, beta, initial_state.astype(f32), cfg)
+        return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
+    if method == "ffi":  # key heads unexpanded; the kernel reads head h // (hv // hk)
+        o, final, u, states = cpu_gdn.apply(q, k, v, g, beta, initial_state, scale, return_states)
         return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
     q, k = (expand_key_heads(x.astype(f32), hv) for x in (q, k))
     args = (q, k, v.astype(f32), g.astype(f32), beta.astype(f32), initial_state.astype(f32))

@@ -1,0 +1,130 @@
+// The gated delta rule over a short window (the decode step and the speculative verify window) on
+// CPU, token by token, called from XLA through its typed FFI: one call per GDN layer in place of
+// the few dozen small XLA ops a JAX form of the same recurrence compiles to.
+//
+// Per batch row and value head h (reading key head h / (hv / hk)), with S in R^{k x v}:
+//     S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = S^T (scale q_t)
+// Outputs: o and u [b, t, hv, dv], the final state [b, hv, dk, dv] and, when `states` is not
+// empty, every per-position state [b, t, hv, dk, dv]. A token's arithmetic does not depend on the
+// window length, so a step and a window produce bit-identical rows for the same inputs.
+//
+// Built with cpu_linear.cc into one library; loaded by mtpspec/kernels/cpu_gdn.py.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// One (batch row, value head): S (dk x dv, row-major) is advanced in place over t tokens.
+__attribute__((target("avx2,fma"))) void Head(int64_t t, int64_t dk, int64_t dv,
+                                              int64_t q_stride, int64_t v_stride,
+                                              int64_t gb_stride, int64_t s_stride,
+                                              const float* __restrict q,
+                                              const float* __restrict k,
+                                              const float* __restrict v,
+                                              const float* __restrict g,
+                                              const float* __restrict beta, float scale,
+                                              float* __restrict s, float* __restrict o,
+                                              float* __restrict u, float* __restrict states,
+                                              float* __restrict kv) {
+  for (int64_t ti = 0; ti < t; ++ti) {
+    const float* qt = q + ti * q_stride;
+    const float* kt = k + ti * q_stride;
+    const float* vt = v + ti * v_stride;
+    float* ut = u + ti * v_stride;
+    float* ot = o + ti * v_stride;
+    const float decay = std::exp(g[ti * gb_stride]);
+    const float b = beta[ti * gb_stride];
+    for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {  // decay, and kv = S^T k with the decayed S
+      float* row = s + i * dv;
+      const float ki = kt[i];
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] *= decay;
+        kv[j] += row[j] * ki;
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) {
+      ut[j] = b * (vt[j] - kv[j]);
+      ot[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < dk; ++i) {  // S += k u^T, and o = S^T (scale q) with the new S
+      float* row = s + i * dv;
+      const float ki = kt[i];
+      const float qi = qt[i] * scale;
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] += ki * ut[j];
+        ot[j] += row[j] * qi;
+      }
+    }
+    if (states != nullptr) std::memcpy(states + ti * s_stride, s, sizeof(float) * dk * dv);
+  }
+}
+
+bool Dims(const ffi::Span<const int64_t>& d, std::initializer_list<int64_t> want) {
+  if (d.size() != want.size()) return false;
+  int64_t i = 0;
+  for (int64_t w : want)
+    if (d[i++] != w) return false;
+  return true;
+}
+
+ffi::Error GdnWindow(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                     ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
+                     ffi::Buffer<ffi::F32> state0, ffi::ResultBuffer<ffi::F32> o,
+                     ffi::ResultBuffer<ffi::F32> final_state, ffi::ResultBuffer<ffi::F32> u,
+                     ffi::ResultBuffer<ffi::F32> states, float scale) {
+  auto qd = q.dimensions();
+  auto vd = v.dimensions();
+  if (qd.size() != 4 || vd.size() != 4) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: q, k, v must have rank 4");
+  }
+  const int64_t b = qd[0], t = qd[1], hk = qd[2], dk = qd[3], hv = vd[2], dv = vd[3];
+  const bool keep = states->element_count() != 0;
+  if (hk <= 0 || hv % hk != 0 || !Dims(k.dimensions(), {b, t, hk, dk}) ||
+      !Dims(vd, {b, t, hv, dv}) || !Dims(g.dimensions(), {b, t, hv}) ||
+      !Dims(beta.dimensions(), {b, t, hv}) || !Dims(state0.dimensions(), {b, hv, dk, dv}) ||
+      !Dims(o->dimensions(), {b, t, hv, dv}) || !Dims(u->dimensions(), {b, t, hv, dv}) ||
+      !Dims(final_state->dimensions(), {b, hv, dk, dv}) ||
+      (keep && !Dims(states->dimensions(), {b, t, hv, dk, dv}))) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: shapes do not match");
+  }
+  const int64_t ratio = hv / hk, hs = dk * dv;
+  std::vector<float> kv(dv > 0 ? dv : 1);
+  float* s_all = final_state->typed_data();
+  std::memcpy(s_all, state0.typed_data(), sizeof(float) * b * hv * hs);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t h = 0; h < hv; ++h) {
+      const int64_t kh = h / ratio;
+      const int64_t qk0 = (bi * t * hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
+      const int64_t gb0 = bi * t * hv + h;
+      Head(t, dk, dv, hk * dk, hv * dv, hv, hv * hs, q.typed_data() + qk0, k.typed_data() + qk0,
+           v.typed_data() + v0, g.typed_data() + gb0, beta.typed_data() + gb0, scale,
+           s_all + (bi * hv + h) * hs, o->typed_data() + v0, u->typed_data() + v0,
+           keep ? states->typed_data() + (bi * t * hv + h) * hs : nullptr, kv.data());
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdn, GdnWindow,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // g
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // beta
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // initial state
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // final state
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // u
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // states, or empty
+                                  .Attr<float>("scale"));

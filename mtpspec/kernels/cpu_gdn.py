@@ -1,0 +1,59 @@
+"""The gated delta rule over a short window on CPU (``cpu_gdn.cc``), registered as an XLA FFI
+target: one native call per GDN layer for a decode step or a verify window.
+
+    ok, why = status()
+    o, final, u, states = apply(q, k, v, g, beta, state0, scale, return_states)
+
+q, k [b, t, hk, dk] (key heads not expanded: value head h reads key head h // (hv // hk)),
+v [b, t, hv, dv], g (log-decay, already clamped to ``G_FLOOR``) and beta [b, t, hv], state0
+[b, hv, dk, dv]; all float32. Returns o and u [b, t, hv, dv], the final state and, with
+``return_states``, every per-position state [b, t, hv, dk, dv] (else None). Single-threaded; a
+token's arithmetic is the same whatever the window length. No gradient: decoding only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtpspec.kernels import library
+
+TARGET = "mtpspec_cpu_gdn"
+
+
+@functools.cache
+def status() -> tuple[bool, str]:
+    """(available, reason), registering the FFI target on first success."""
+    ok, why = library.status()
+    if ok:
+        lib = library.handle()
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuGdn), platform="cpu")
+    return ok, why
+
+
+def available() -> bool:
+    return status()[0]
+
+
+def require() -> None:
+    """Raise OSError saying why the kernel cannot be used."""
+    ok, why = status()
+    if not ok:
+        raise OSError(f"GDN method 'ffi' needs the C++ CPU kernels, but {why}")
+
+
+def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
+    require()  # registers the FFI target on first use (cached)
+    b, t, _, dk = q.shape
+    hv, dv = v.shape[2:]
+    f32 = jnp.float32
+    out = jax.ShapeDtypeStruct((b, t, hv, dv), f32)
+    states = jax.ShapeDtypeStruct((b, t, hv, dk, dv) if return_states else (0,), f32)
+    final = jax.ShapeDtypeStruct((b, hv, dk, dv), f32)
+    o, fin, u, st = jax.ffi.ffi_call(TARGET, (out, final, out, states))(
+        *(x.astype(f32) for x in (q, k, v, g, beta, state0)), scale=np.float32(scale)
+    )
+    return o, fin, u, st if return_states else None

@@ -1,0 +1,44 @@
+"""The native kernel library (``_cpu_kernels*.so``: cpu_linear.cc + cpu_gdn.cc), loaded once.
+
+ok, why = status()     # (False, reason) when it was not built or cannot run on this CPU
+lib = handle()         # the ctypes handle (only when status() is ok)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import pathlib
+
+_HERE = pathlib.Path(__file__).parent
+PATTERN = "_cpu_kernels*.so"
+
+
+@functools.cache
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    libs = sorted(_HERE.glob(PATTERN))
+    if not libs:
+        return None, (
+            f"the C++ kernels are not built (no {PATTERN} in {_HERE}); reinstall with "
+            "`make install` on a machine with a C++ compiler"
+        )
+    try:
+        lib = ctypes.CDLL(str(libs[-1]))
+    except OSError as e:
+        return None, f"the C++ kernel library {libs[-1].name} cannot be loaded: {e}"
+    if not lib.mtpspec_cpu_linear_supported():
+        return None, "this CPU lacks AVX2/FMA, which the C++ kernels need"
+    return lib, f"built ({libs[-1].name})"
+
+
+def status() -> tuple[bool, str]:
+    """(available, reason): the library is built and this CPU has AVX2 + FMA."""
+    lib, why = _load()
+    return lib is not None, why
+
+
+def handle() -> ctypes.CDLL:
+    lib, why = _load()
+    if lib is None:
+        raise OSError(why)
+    return lib

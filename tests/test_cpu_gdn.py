@@ -1,0 +1,135 @@
+"""The C++ GDN window kernel (``mtpspec/kernels/cpu_gdn.cc``, GDN method "ffi"): window
+invariance, use inside loops, the decoding-only "auto" rule and its refusals, and tokens against
+the JAX forms. Its values against the recurrence are in test_gdn.py (every forward oracle)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mtpspec
+from mtpspec import config as C
+from mtpspec import decoding, models, ops
+from mtpspec.kernels import cpu_gdn
+from mtpspec.ops.gdn import api as gdn_api
+from tests.gdn_testing import random_gdn_inputs, rel_err
+
+built = pytest.mark.skipif(not cpu_gdn.available(), reason=cpu_gdn.status()[1])
+
+
+def _ffi(inputs, **kw):
+    q, k, v, g, beta, s0 = inputs
+    return ops.gated_delta_rule_with_aux(q, k, v, g, beta, initial_state=s0, method="ffi", **kw)
+
+
+@built
+@pytest.mark.parametrize("t", [2, 3, 8])
+def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t):
+    """A token's arithmetic does not depend on the window length: t single steps give exactly the
+    window's rows and final state (what makes a verify window and plain steps agree)."""
+    inputs = random_gdn_inputs(4, 2, t, 2, 2, 16, 8)
+    o, final, aux = _ffi(inputs, return_states=True)
+    q, k, v, g, beta, s = inputs
+    for i in range(t):
+        one = tuple(x[:, i : i + 1] for x in (q, k, v, g, beta))
+        o_i, s, aux_i = _ffi((*one, s))
+        np.testing.assert_array_equal(o_i[:, 0], o[:, i])
+        np.testing.assert_array_equal(aux_i.u[:, 0], aux.u[:, i])
+        np.testing.assert_array_equal(s, aux.states[:, i])
+    np.testing.assert_array_equal(s, final)
+
+
+@built
+def test_kernel_runs_inside_jit_and_while_loop():
+    q, k, v, g, beta, s0 = random_gdn_inputs(6, 1, 3, 1, 2, 8, 8)
+
+    def steps(method):
+        def body(i, s):
+            _, s, _ = ops.gated_delta_rule_with_aux(
+                q, k, v * (i + 1.0), g, beta, initial_state=s, method=method
+            )
+            return s
+
+        return jax.jit(lambda s: jax.lax.fori_loop(0, 5, body, s))(s0)
+
+    assert rel_err(steps("ffi"), steps("recurrent")) <= 1e-5
+
+
+@built
+def test_a_minus_inf_gate_resets_the_state():
+    q, k, v, g, beta, s0 = random_gdn_inputs(7, 1, 4, 1, 2, 8, 8)
+    g = g.at[:, 2].set(-jnp.inf)
+    o, s, _ = _ffi((q, k, v, g, beta, s0))
+    ref_o, ref_s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method="recurrent")
+    assert bool(jnp.all(jnp.isfinite(o))) and bool(jnp.all(jnp.isfinite(s)))
+    assert rel_err(o, ref_o) <= 1e-5 and rel_err(s, ref_s) <= 1e-5
+
+
+@built
+def test_no_gradient_through_the_kernel_says_so():
+    q, k, v, g, beta, s0 = random_gdn_inputs(8, 1, 3, 1, 1, 8, 8)
+    loss = lambda v: jnp.sum(_ffi((q, k, v, g, beta, s0))[0])  # noqa: E731
+    with pytest.raises(ValueError, match="mtpspec_cpu_gdn"):
+        jax.grad(loss)(v)
+
+
+@built
+def test_auto_picks_the_kernel_only_for_decoding_windows(caplog):
+    assert ops.gdn_method_for("auto", 1, native=True) == "ffi"
+    assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T, native=True) == "ffi"
+    assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T + 1, native=True) == "auto"
+    assert ops.gdn_method_for("auto", 3) == "auto"  # not decoding (training, forward): never
+    assert ops.gdn_method_for("auto", 3, native=True, sharded=True) != "ffi"  # not partitioned
+    assert ops.resolve_gdn_method(3, "cpu", head_state=32 * 32) != "ffi"
+
+
+def test_explicit_ffi_is_refused_where_it_cannot_run(monkeypatch):
+    with pytest.raises(ValueError, match="device mesh"):
+        ops.gdn_method_for("ffi", 3, sharded=True)
+    monkeypatch.setattr(cpu_gdn, "status", lambda: (False, "no library here"))
+    with pytest.raises(OSError, match="no library here"):
+        ops.gdn_method_for("ffi", 3)
+    inputs = random_gdn_inputs(0, 1, 3, 1, 1, 4, 4)
+    with pytest.raises(OSError, match="no library here"):
+        _ffi(inputs)
+    assert ops.gdn_method_for("auto", 3, native=True) == "auto"  # auto just does without it
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = C.tiny_hybrid(
+        vocab_size=64, layer_types=(C.LINEAR, C.FULL, C.LINEAR), mlp_types=("dense",) * 3
+    )
+    return config, models.init_params(config, jax.random.key(9), norm_scale=0.1)
+
+
+@built
+@pytest.mark.parametrize("k", [1, 3])
+def test_verify_windows_through_the_kernel_emit_plain_greedy_tokens(model, k):
+    config, params = model
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
+    plain = mtpspec.generate(config, params, prompts, max_new_tokens=20)
+    for method in ("ffi", "chunk", "recurrent"):
+        spec = decoding.SpecConfig("ngram", k, verify_method=method)
+        got = mtpspec.generate(config, params, prompts, max_new_tokens=20, speculative=spec)
+        assert got.tokens == plain.tokens, method
+
+
+def test_decoding_without_the_kernel_gives_the_same_tokens(model, monkeypatch):
+    config, params = model
+    prompts = [[4, 4, 2, 9, 4, 4, 2]]
+    spec = decoding.SpecConfig("ngram", 2)
+    with_kernel = mtpspec.generate(config, params, prompts, max_new_tokens=12, speculative=spec)
+    monkeypatch.setattr(cpu_gdn, "status", lambda: (False, "not built"))
+    without = mtpspec.generate(config, params, prompts, max_new_tokens=12, speculative=spec)
+    assert without.tokens == with_kernel.tokens
+    with pytest.raises(OSError, match="not built"):
+        mtpspec.generate(
+            config,
+            params,
+            prompts,
+            max_new_tokens=4,
+            speculative=decoding.SpecConfig("ngram", 2, verify_method="ffi"),
+        )
