@@ -77,12 +77,18 @@ def test_no_gradient_through_the_kernel_says_so():
 
 @built
 def test_auto_picks_the_kernel_only_for_decoding_windows(caplog):
-    assert ops.gdn_method_for("auto", 1, native=True) == "ffi"
-    assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T, native=True) == "ffi"
-    assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T + 1, native=True) == "auto"
-    assert ops.gdn_method_for("auto", 3) == "auto"  # not decoding (training, forward): never
-    assert ops.gdn_method_for("auto", 3, native=True, sharded=True) != "ffi"  # not partitioned
-    assert ops.resolve_gdn_method(3, "cpu", head_state=32 * 32) != "ffi"
+    small, large = 32 * 32, 128 * 128
+    assert ops.gdn_method_for("auto", 1, native=True, head_state=small) == "ffi"
+    assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T, native=True, head_state=small) == "ffi"
+    assert (
+        ops.gdn_method_for("auto", gdn_api.FFI_MAX_T + 1, native=True, head_state=small) == "auto"
+    )
+    assert ops.gdn_method_for("auto", 3, native=True, head_state=large) == "auto"  # S beyond L1
+    assert ops.gdn_method_for("auto", 3, native=True) == "auto"  # head size unknown
+    assert ops.gdn_method_for("auto", 3, head_state=small) == "auto"  # not decoding: never
+    sharded = ops.gdn_method_for("auto", 3, native=True, head_state=small, sharded=True)
+    assert sharded != "ffi"  # not partitioned
+    assert ops.resolve_gdn_method(3, "cpu", head_state=small) != "ffi"
 
 
 def test_explicit_ffi_is_refused_where_it_cannot_run(monkeypatch):
@@ -94,7 +100,8 @@ def test_explicit_ffi_is_refused_where_it_cannot_run(monkeypatch):
     inputs = random_gdn_inputs(0, 1, 3, 1, 1, 4, 4)
     with pytest.raises(OSError, match="no library here"):
         _ffi(inputs)
-    assert ops.gdn_method_for("auto", 3, native=True) == "auto"  # auto just does without it
+    auto = ops.gdn_method_for("auto", 3, native=True, head_state=16)
+    assert auto == "auto"  # auto just does without it
 
 
 @pytest.fixture(scope="module")

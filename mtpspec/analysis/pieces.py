@@ -199,6 +199,11 @@ def piece_costs(
 PIECES = ("attention", "gdn", "mlp", "lm_head")
 
 
+def _method_for(config, t, mesh):  # the GDN form decoding.prepare picks for a t-token window
+    state = config.linear_key_head_dim * config.linear_value_head_dim
+    return ops.gdn_method_for("auto", t, sharded=mesh is not None, native=True, head_state=state)
+
+
 def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     """Loop jobs for a t-token window of the prepared call's post-prefill state: the whole target
     window ("model") and, with ``pieces``, every mixer, every MLP and the LM head."""
@@ -209,7 +214,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     state, b = carry.state, carry.pending.shape[0]
     x = jnp.full((b, t, config.hidden_size), 0.1, jnp.float32)
     start, valid = state.lengths, jnp.full((b,), t, jnp.int32)
-    method = ops.gdn_method_for("auto", t, sharded=s.mesh is not None, native=True)  # as prepare
+    method = _method_for(config, t, s.mesh)
     jobs = {}
     attn = [i for i, lt in enumerate(config.layer_types) if lt == FULL]
     gdn = [i for i, lt in enumerate(config.layer_types) if lt != FULL]

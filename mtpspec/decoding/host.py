@@ -178,7 +178,11 @@ def prepare(
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
     verify_method = ops.gdn_method_for(
-        speculative.verify_method if speculative else "auto", k + 1, sharded=sharded, native=True
+        speculative.verify_method if speculative else "auto",
+        k + 1,
+        sharded=sharded,
+        native=True,
+        head_state=config.linear_key_head_dim * config.linear_value_head_dim,
     )
     key = ProgramKey(
         config=config,

@@ -93,13 +93,13 @@ __attribute__((target("avx2,fma"))) void Tiles(const float* x, int64_t rows, int
     for (; r + 4 <= rows; r += 4) Block<4, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
     switch (rows - r) {
       case 3:
-        Block<3, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<3, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
         break;
       case 2:
-        Block<2, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<2, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
         break;
       case 1:
-        Block<1, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<1, 4>(x + r * k, k, wt, y + r * n, n, c0, width);
         break;
     }
   }

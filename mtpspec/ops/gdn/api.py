@@ -44,9 +44,12 @@ from mtpspec.ops.gdn.reference import recurrent
 logger = logging.getLogger("mtpspec.ops")
 
 GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas", "ffi")
-# Decoding windows of up to this many tokens run the native kernel ("ffi") under "auto" on CPU
-# when it is built (`python -m experiments.bench_speculative`, BUILD_NOTES.md 2026-12-02).
+# Decoding windows of up to FFI_MAX_T tokens run the native kernel ("ffi") under "auto" on CPU
+# when it is built and one head's state (k·v floats) is at most FFI_MAX_HEAD_STATE: the kernel
+# walks S token by token, which beat the chunked form up to t = 32 at 32×32 and 64×64 heads and
+# lost to it at 128×128 (S no longer in L1), BUILD_NOTES.md 2026-12-02.
 FFI_MAX_T = 16
+FFI_MAX_HEAD_STATE = 64 * 64
 # Default chunk length per platform: 64 as in fla/HF on GPU; on CPU 32 measured fastest at
 # realistic heads (`python -m experiments.bench_gdn --chunk_size=...`, BUILD_NOTES.md).
 DEFAULT_CHUNK_SIZE = {"cpu": 32}
@@ -104,21 +107,30 @@ def resolve_gdn_method(
     return "chunk"
 
 
-def gdn_method_for(method: str, t: int, *, sharded: bool = False, native: bool = False) -> str:
+def gdn_method_for(
+    method: str,
+    t: int,
+    *,
+    sharded: bool = False,
+    native: bool = False,
+    head_state: int | None = None,
+) -> str:
     """The GDN method a model should be run with for ``t`` positions (host side, before tracing).
 
     Validates the name. ``native``: the caller decodes (no gradient needed), so ``"auto"`` may
-    pick the C++ kernel ("ffi") on CPU for ``t <= FFI_MAX_T`` when it is built and not under a
-    mesh (logged); an explicit ``"ffi"`` raises where it cannot run. Otherwise, without a mesh,
-    the name is returned as is (``"auto"`` resolves per call, with the call's dtypes). Under a
-    device mesh (``sharded=True``) ``pallas_call`` and the FFI kernel have no GSPMD partitioning
-    rule (a ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` or ``"ffi"`` is
-    refused and ``"auto"`` is resolved here to a form that partitions (logged)."""
+    pick the C++ kernel ("ffi") on CPU for ``t <= FFI_MAX_T`` and ``head_state`` (k·v of one
+    head) ``<= FFI_MAX_HEAD_STATE`` when it is built and not under a mesh (logged); an explicit
+    ``"ffi"`` raises where it cannot run. Otherwise, without a mesh, the name is returned as is
+    (``"auto"`` resolves per call, with the call's dtypes). Under a device mesh
+    (``sharded=True``) ``pallas_call`` and the FFI kernel have no GSPMD partitioning rule (a
+    ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` or ``"ffi"`` is refused
+    and ``"auto"`` is resolved here to a form that partitions (logged)."""
     if method not in GDN_METHODS:
         raise ValueError(f"unknown GDN method {method!r}; expected one of {GDN_METHODS}")
     if method == "ffi":
         _check_ffi(sharded)
-    if method == "auto" and native and not sharded and t <= FFI_MAX_T:
+    small = head_state is not None and head_state <= FFI_MAX_HEAD_STATE
+    if method == "auto" and native and small and not sharded and t <= FFI_MAX_T:
         platform = jax.default_backend()
         if platform == "cpu" and cpu_gdn.available():
             _log_auto_choice(t, f"{platform} (decoding)", "ffi")
