@@ -15,9 +15,11 @@ model"):
               layer_costs: attention / GDN / MLP / LM head of a step and of verify windows
   sweep.py    sweep / summarize: every configuration against plain greedy in one run
   model.py    ideal_speedup, expected_tau, fit_alpha
+  hlo.py      loop_copies: the buffer copies XLA put in a decoding program's loop body
   plots.py    plot_sweep
 """
 
+from mtpspec.analysis.hlo import loop_copies
 from mtpspec.analysis.model import expected_tau, fit_alpha, ideal_speedup
 from mtpspec.analysis.pieces import PIECES, layer_costs, piece_costs, tree_bytes
 from mtpspec.analysis.plots import plot_sweep
@@ -56,6 +58,7 @@ __all__ = [
     "ideal_speedup",
     "interleaved_medians",
     "layer_costs",
+    "loop_copies",
     "loop_job",
     "matmul_row_scaling",
     "median_seconds",

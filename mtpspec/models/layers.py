@@ -84,6 +84,29 @@ def grouped_attention(
 
 
 def cached_attention(
+    q: jax.Array,  # [b, t, hq, d] queries at ``positions``
+    k_cache: jax.Array,  # [b, g, n, d] the cache with this window's keys written
+    v_cache: jax.Array,  # [b, g, d, n] (transposed: the p·v product reads it in place)
+    positions: jax.Array,  # [b, t] int32
+) -> jax.Array:  # [b, t, hq, d] float32
+    """Causal GQA attention of a window over the cache it has just been written into: query i
+    sees slots 0..positions[i] (the committed prefix and the window up to itself; stale slots
+    beyond are masked). Reading the *updated* cache gives the cache write a single reader order
+    (write, then read), so XLA updates the loop-carried buffer in place; reading the old cache
+    beside the write made it copy each K and V buffer twice per step."""
+    b, t, hq, d = q.shape
+    g, n = k_cache.shape[1], k_cache.shape[2]
+    f32 = jnp.float32
+    qg = q.astype(f32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    s = jnp.einsum("btgrd,bgsd->bgrts", qg, k_cache.astype(f32), precision=HIGHEST)
+    visible = jnp.arange(n)[None, None, :] <= positions[:, :, None]  # [b, t, n]
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    probs = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bgrts,bgds->btgrd", probs, v_cache.astype(f32), precision=HIGHEST)
+    return o.reshape(b, t, hq, d)
+
+
+def step_attention(
     q: jax.Array,  # [b, t, hq, d] queries at positions start .. start + t - 1
     k_cache: jax.Array,  # [b, g, n, d] the cache before this window (rows >= start are stale)
     v_cache: jax.Array,  # [b, g, d, n] (transposed: the p·v product reads it in place)
@@ -91,9 +114,9 @@ def cached_attention(
     v_new: jax.Array,
     start: jax.Array,  # [b] int32
 ) -> jax.Array:  # [b, t, hq, d] float32
-    """Causal GQA attention of a window over the committed prefix (the cache *before* the window
-    is written) and over the window itself, one softmax over both: the same keys as attending
-    over the updated cache, and the products read the cache in its stored layout."""
+    """``cached_attention`` read beside the cache write instead of after it: over the committed
+    prefix (the cache *before* the write) and the window's own keys, one softmax over both (the
+    same keys). The form for one-token steps (see ``attention``)."""
     b, t, hq, d = q.shape
     g, n = k_cache.shape[1], k_cache.shape[2]
     qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
@@ -137,7 +160,15 @@ def attention(
         new_k = cache.k.at[rows, :, positions].set(k, mode="drop")
         new_v = cache.v.at[rows, :, :, positions].set(v, mode="drop")  # v cache [b, g, d, n]
         new_cache = AttentionCache(new_k, new_v)
-        o = cached_attention(q, cache.k, cache.v, k, v, start)
+        # The same keys either way; each form is the one XLA:CPU runs faster in the compiled
+        # decode loop (A/B in one process, BUILD_NOTES 2026-12-02): a window read after its write
+        # lets XLA update the loop-carried cache in place (reading the old cache beside the write
+        # made it copy each K and V buffer twice per step), while a one-token step is faster
+        # reading beside the write (its write-first form compiles to more copies, not fewer).
+        if t == 1:
+            o = step_attention(q, cache.k, cache.v, k, v, start)
+        else:
+            o = cached_attention(q, new_k, new_v, positions)
     o = o.reshape(b, t, hq * hd)
     o = o * jax.nn.sigmoid(gate)
     del valid  # padded queries compute garbage that is never used; their KV rows stay stale
