@@ -19,12 +19,13 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     (``analysis.layer_costs``);
   * decode-state bytes and the commit data / XLA temp bytes of verify+commit per strategy;
   * α fitted per proposer to the per-position acceptance, and the theory curve (1−α^{k+1})/(1−α);
+  * the buffer copies XLA left in each decoding program's loop body (``analysis.loop_copies``);
   * optionally (``--peer_hf``) HF transformers on the tiny Qwen3-Next fixture: greedy generate and
     prompt-lookup assisted generation against mtpspec greedy and n-gram speculation.
 
 ``--json_out`` has top-level ``speedup`` (best configuration), ``tau``, ``verify_over_step``,
 ``efficiency`` (of that configuration), ``recompiles``, plus ``best``, ``sweep``, ``pieces``,
-``alpha``, ``memory`` and ``peer``.
+``alpha``, ``memory``, ``linears``, ``copies`` and ``peer``.
 """
 
 from __future__ import annotations
@@ -354,6 +355,28 @@ def print_plain_linears(timed) -> dict | None:
     }
 
 
+def copies_report(config, params, prompt, ks, proposers, run) -> dict:
+    """Buffer copies in each decoding program's loop body (``analysis.loop_copies``): what XLA
+    could not update in place, paid every step."""
+    out = {}
+    specs = {"plain": None}
+    specs.update({f"{p} k={ks[-1]}": decoding.SpecConfig(p, ks[-1]) for p in proposers})
+    for name, spec in specs.items():
+        if spec is not None and spec.proposer == "draft":
+            continue  # its program needs the draft model's arguments; the target's loop is shown
+        prep = decoding.prepare(
+            config, params, [list(prompt)], max_new_tokens=run["max_new"], speculative=spec,
+            linear=FLAGS.linear,
+        )  # fmt: skip
+        copies = analysis.loop_copies(prep)
+        out[name] = {"copies": len(copies), "bytes": sum(b for _, b in copies)}
+    print(
+        "loop-body buffer copies per step: "
+        + ", ".join(f"{n} {v['copies']} ({v['bytes'] / 1024:.1f} KiB)" for n, v in out.items())
+    )
+    return out
+
+
 def print_peer(peer):
     print(f"\npeer ({peer['checkpoint']}, transformers {peer['transformers']}):")
     for name, r in peer["rows"].items():
@@ -386,6 +409,7 @@ def main(argv):
     memory = memory_report(pieces, ks[-1], commits)
     plain_linears = print_plain_linears(timed)
     linears = linear_report(config, params, prompts[0], ks, run)
+    copies = copies_report(config, params, prompts[0], ks, proposers, run)
     print(
         f"\nbest: {best['proposer']} k={best['num_draft']} {best['commit']}: speedup "
         f"{best['speedup']:.2f}, tau {best['tau']:.2f}, verify_over_step "
@@ -415,7 +439,7 @@ def main(argv):
         "recompiles": timed.recompiles, "best": best, "plain_tokens_per_s": plain_tps,
         "plain_decode_tokens_per_s": plain_decode, "definitions": DEFINITIONS, "t_step_s": t_step,
         "sweep": rows, "pieces": {str(k): v for k, v in pieces.items()}, "alpha": alpha,
-        "memory": memory, "plain_linears": plain_linears, "linears": linears,
+        "memory": memory, "plain_linears": plain_linears, "linears": linears, "copies": copies,
         "matmul_row_scaling": {i: {str(t): v for t, v in c.items()} for i, c in mm.items()},
         "peer": peer,
         "settings": dict(
