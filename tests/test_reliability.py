@@ -168,3 +168,75 @@ def test_a_capacity_that_fits_the_prompt_but_not_its_bucket_runs(model, proposer
     assert got.tokens[1] == ref.tokens[1]
     with pytest.raises(ValueError, match="cannot hold the longest prompt"):
         mtpspec.generate(config, params, prompts, max_new_tokens=4, capacity=17)
+
+
+# ---- checkpoints: a config.json that is not what it says -----------------------------------------
+
+HF_FIXTURE = "tests/fixtures/hf/qwen3_5"
+
+
+def _hf_config_cases():
+    import json
+    import pathlib
+
+    base = json.loads(
+        (pathlib.Path(__file__).parent.parent / HF_FIXTURE / "config.json").read_text()
+    )
+    no_types = {k: v for k, v in base.items() if k != "layer_types"}
+    return [
+        ("a list", [1, 2], "must be a JSON object"),
+        ("text_config null", {**base, "text_config": None}, "text_config must be a JSON object"),
+        ("rope as a string", {**base, "rope_parameters": "linear"}, "rope_parameters"),
+        ("a count as a string", {**base, "num_hidden_layers": "4"}, "'num_hidden_layers'"),
+        ("a NaN head count", {**base, "num_attention_heads": float("nan")}, "num_attention_heads"),
+        ("a fractional head dim", {**base, "head_dim": 31.5}, "'head_dim' must be an integer"),
+        ("unknown layer types", {**base, "layer_types": ["attn"] * 4}, "layer_types must be"),
+        ("interval 0", {**no_types, "full_attention_interval": 0}, "full_attention_interval"),
+        ("mlp_only_layers 3", {**base, "mlp_only_layers": 3}, "mlp_only_layers"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name,cfg,match", _hf_config_cases(), ids=lambda x: x if isinstance(x, str) else ""
+)
+def test_a_malformed_hf_config_file_is_a_clear_value_error(tmp_path, name, cfg, match):
+    import json
+
+    from mtpspec.checkpoints.hf_config import from_hf_config
+
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        from_hf_config(tmp_path)
+
+
+# ---- training: hyper-parameters that would train garbage ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lr", float("nan")),
+        ("lr", -1e-3),
+        ("lr", 0.0),
+        ("lr", float("inf")),
+        ("weight_decay", -0.1),
+        ("clip", float("nan")),
+        ("mtp_weight", -1.0),
+        ("warmup", -1),
+        ("steps", 0),
+        ("batch", 2.5),
+        ("seed", True),
+    ],
+)
+def test_a_training_config_that_would_train_garbage_is_refused(field, value):
+    from mtpspec.training import TrainConfig
+
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{field: value})
+
+
+def test_a_sensible_training_config_is_accepted():
+    from mtpspec.training import TrainConfig
+
+    tc = TrainConfig(lr=np.float32(1e-3), steps=np.int64(5), warmup=0, clip=0.0, mtp_weight=0.0)
+    assert tc.steps == 5

@@ -37,6 +37,26 @@ def _get(cfg: Mapping[str, Any], key: str, default=None, *, required: bool = Fal
     return default
 
 
+def _number(cfg: Mapping[str, Any], key: str, kind, default=None, *, required: bool = False):
+    """``kind(cfg[key])`` (int or float), a ValueError naming the key when it is not a number."""
+    value = _get(cfg, key, default, required=required)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"HF config key {key!r} must be a number, got {value!r}")
+    try:
+        out = kind(value)
+    except OverflowError as e:  # int(inf)
+        raise ValueError(f"HF config key {key!r} must be finite, got {value!r}") from e
+    if kind is int and isinstance(value, float) and value != out:
+        raise ValueError(f"HF config key {key!r} must be an integer, got {value!r}")
+    return out
+
+
+def _mapping(value, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}: {value!r:.80}")
+    return value
+
+
 def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
     """ModelConfig from an HF config dict, a config.json path, or a checkpoint directory."""
     if not isinstance(cfg, Mapping):
@@ -50,10 +70,11 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
             raise OSError(f"no HF config at {path}") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"HF config {path} is not valid JSON: {e}") from e
+    cfg = _mapping(cfg, "an HF config")
     model_type = cfg.get("model_type")
     top = cfg
     if "text_config" in cfg:  # released Qwen3.5 layout (ConditionalGeneration)
-        cfg = {**cfg["text_config"]}
+        cfg = {**_mapping(cfg["text_config"], "the HF config's text_config")}
         model_type = cfg.get("model_type", model_type)
     if model_type in ("qwen3_next",):
         family = "qwen3_next"
@@ -62,23 +83,39 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
     else:
         raise ValueError(f"unsupported model_type {model_type!r}: expected qwen3_next or qwen3_5")
 
-    n = int(_get(cfg, "num_hidden_layers", required=True))
+    n = _number(cfg, "num_hidden_layers", int, required=True)
     layer_types = _get(cfg, "layer_types")
     if layer_types is None:
-        interval = int(_get(cfg, "full_attention_interval", 4))
+        interval = _number(cfg, "full_attention_interval", int, 4)
+        if interval < 1:
+            raise ValueError(f"full_attention_interval must be >= 1, got {interval}")
         layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n)]
+    if not isinstance(layer_types, list | tuple) or any(
+        lt not in (FULL, LINEAR) for lt in layer_types
+    ):
+        raise ValueError(
+            f"layer_types must be a list of {FULL!r} / {LINEAR!r}, got {layer_types!r}"
+        )
     if len(layer_types) != n:
         raise ValueError(f"layer_types has {len(layer_types)} entries, num_hidden_layers is {n}")
 
     rope = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
+    rope = _mapping(rope, "the HF config's rope_parameters / rope_scaling")
     if rope.get("rope_type", "default") not in ("default",) and "mrope_section" not in rope:
         raise ValueError(f"unsupported rope_type {rope.get('rope_type')!r}")
-    rope_theta = float(rope.get("rope_theta", _get(cfg, "rope_theta", 10000.0)))
-    partial = float(rope.get("partial_rotary_factor", _get(cfg, "partial_rotary_factor", 0.25)))
+    rope_theta = _number(rope, "rope_theta", float, _number(cfg, "rope_theta", float, 10000.0))
+    partial = _number(
+        rope, "partial_rotary_factor", float, _number(cfg, "partial_rotary_factor", float, 0.25)
+    )
 
-    num_experts = int(_get(cfg, "num_experts", 0))
-    mlp_only = set(_get(cfg, "mlp_only_layers", []) or [])
-    sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
+    num_experts = _number(cfg, "num_experts", int, 0)
+    mlp_only = _get(cfg, "mlp_only_layers", []) or []
+    if not isinstance(mlp_only, list | tuple) or not all(isinstance(i, int) for i in mlp_only):
+        raise ValueError(f"mlp_only_layers must be a list of layer indices, got {mlp_only!r}")
+    mlp_only = set(mlp_only)
+    sparse_step = _number(cfg, "decoder_sparse_step", int, 1)
+    if sparse_step < 1:
+        raise ValueError(f"decoder_sparse_step must be >= 1, got {sparse_step}")
 
     def mlp_type(i: int) -> str:
         if family == "qwen3_5" or num_experts == 0:
@@ -90,30 +127,30 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
     dtype = _get(cfg, "dtype", _get(cfg, "torch_dtype", "float32"))
     return ModelConfig(
         family=family,
-        vocab_size=int(_get(cfg, "vocab_size", required=True)),
-        hidden_size=int(_get(cfg, "hidden_size", required=True)),
+        vocab_size=_number(cfg, "vocab_size", int, required=True),
+        hidden_size=_number(cfg, "hidden_size", int, required=True),
         layer_types=tuple(layer_types),
         mlp_types=tuple(mlp_type(i) for i in range(n)),
-        rms_norm_eps=float(_get(cfg, "rms_norm_eps", 1e-6)),
-        num_attention_heads=int(_get(cfg, "num_attention_heads", required=True)),
-        num_key_value_heads=int(_get(cfg, "num_key_value_heads", required=True)),
-        head_dim=int(_get(cfg, "head_dim", required=True)),
+        rms_norm_eps=_number(cfg, "rms_norm_eps", float, 1e-6),
+        num_attention_heads=_number(cfg, "num_attention_heads", int, required=True),
+        num_key_value_heads=_number(cfg, "num_key_value_heads", int, required=True),
+        head_dim=_number(cfg, "head_dim", int, required=True),
         rope_theta=rope_theta,
         partial_rotary_factor=partial,
-        linear_num_key_heads=int(_get(cfg, "linear_num_key_heads", required=True)),
-        linear_num_value_heads=int(_get(cfg, "linear_num_value_heads", required=True)),
-        linear_key_head_dim=int(_get(cfg, "linear_key_head_dim", required=True)),
-        linear_value_head_dim=int(_get(cfg, "linear_value_head_dim", required=True)),
-        linear_conv_kernel_dim=int(_get(cfg, "linear_conv_kernel_dim", 4)),
-        intermediate_size=int(_get(cfg, "intermediate_size", 0)),
+        linear_num_key_heads=_number(cfg, "linear_num_key_heads", int, required=True),
+        linear_num_value_heads=_number(cfg, "linear_num_value_heads", int, required=True),
+        linear_key_head_dim=_number(cfg, "linear_key_head_dim", int, required=True),
+        linear_value_head_dim=_number(cfg, "linear_value_head_dim", int, required=True),
+        linear_conv_kernel_dim=_number(cfg, "linear_conv_kernel_dim", int, 4),
+        intermediate_size=_number(cfg, "intermediate_size", int, 0),
         num_experts=num_experts,
-        num_experts_per_tok=int(_get(cfg, "num_experts_per_tok", 0)),
-        moe_intermediate_size=int(_get(cfg, "moe_intermediate_size", 0)),
-        shared_expert_intermediate_size=int(_get(cfg, "shared_expert_intermediate_size", 0)),
+        num_experts_per_tok=_number(cfg, "num_experts_per_tok", int, 0),
+        moe_intermediate_size=_number(cfg, "moe_intermediate_size", int, 0),
+        shared_expert_intermediate_size=_number(cfg, "shared_expert_intermediate_size", int, 0),
         norm_topk_prob=bool(_get(cfg, "norm_topk_prob", True)),
         mtp_mlp_type=mlp_type(0),
         tie_word_embeddings=bool(tie),
-        mtp_num_layers=int(mtp_layers),
+        mtp_num_layers=_number({"mtp_num_hidden_layers": mtp_layers}, "mtp_num_hidden_layers", int),
         dtype="bfloat16" if str(dtype) in ("bfloat16", "torch.bfloat16") else "float32",
     )
 

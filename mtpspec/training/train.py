@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import pathlib
 import signal
@@ -59,8 +60,21 @@ class TrainConfig:
         if self.phase not in ("joint", "mtp_only"):
             raise ValueError(f"phase must be 'joint' or 'mtp_only', got {self.phase!r}")
         for name in ("steps", "batch", "seq_len", "save_every", "eval_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        for name in ("warmup", "eval_batches", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        # a NaN rate trains and saves NaN checkpoints; a negative one trains by ascent
+        for name in ("lr", "weight_decay", "clip", "mtp_weight"):
+            value = getattr(self, name)
+            number = isinstance(value, int | float | np.integer | np.floating)
+            if isinstance(value, bool) or not number or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.lr == 0:
+            raise ValueError("lr must be > 0 (a zero learning rate trains nothing)")
 
 
 def _cross_entropy(logits, targets):
