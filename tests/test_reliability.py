@@ -170,7 +170,7 @@ def test_a_capacity_that_fits_the_prompt_but_not_its_bucket_runs(model, proposer
         mtpspec.generate(config, params, prompts, max_new_tokens=4, capacity=17)
 
 
-# ---- checkpoints: a config.json that is not what it says -----------------------------------------
+# ---- checkpoints: a config.json that is not what it says --------------------------------------
 
 HF_FIXTURE = "tests/fixtures/hf/qwen3_5"
 
@@ -209,7 +209,7 @@ def test_a_malformed_hf_config_file_is_a_clear_value_error(tmp_path, name, cfg, 
         from_hf_config(tmp_path)
 
 
-# ---- training: hyper-parameters that would train garbage ------------------------------------------
+# ---- training: hyper-parameters that would train garbage ---------------------------------------
 
 
 @pytest.mark.parametrize(
