@@ -240,3 +240,62 @@ def test_a_sensible_training_config_is_accepted():
 
     tc = TrainConfig(lr=np.float32(1e-3), steps=np.int64(5), warmup=0, clip=0.0, mtp_weight=0.0)
     assert tc.steps == 5
+
+
+# ---- checkpoints: a save that fails loses nothing ------------------------------------------------
+
+
+def test_a_failed_overwrite_leaves_the_previous_checkpoint_intact(model, tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    from mtpspec import checkpoints
+
+    config, params = model
+    path = tmp_path / "ckpt"
+    checkpoints.save_params(path, config, params)
+    changed = jax.tree.map(lambda x: x + 1.0, params)
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(ocp.StandardCheckpointer, "save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.save_params(path, config, changed, overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing half-written beside
+    _, back = checkpoints.load(path)
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+    checkpoints.save_params(path, config, changed, overwrite=True)  # a save that completes
+    _, back = checkpoints.load(path)
+    jax.tree.map(np.testing.assert_array_equal, back, changed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_failed_hf_export_overwrite_leaves_the_previous_export_intact(
+    model, tmp_path, monkeypatch
+):
+    from mtpspec import checkpoints
+    from mtpspec.checkpoints import hf_export
+
+    config, params = model
+    path = tmp_path / "hf"
+    checkpoints.save_hf(config, params, path)
+    before = {f.name: f.read_bytes() for f in path.iterdir()}
+    changed = jax.tree.map(lambda x: x + 1.0, params)
+    calls = []
+
+    def torn(file, tensors, metadata):  # the first shard written, then the disk fills up
+        calls.append(file)
+        raise OSError(28, "No space left on device (injected)")
+
+    monkeypatch.setattr(hf_export, "_write_safetensors", torn)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoints.save_hf(config, changed, path, overwrite=True, max_shard_bytes=4096)
+    monkeypatch.undo()
+    assert calls and {f.name: f.read_bytes() for f in path.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    checkpoints.save_hf(config, changed, path, overwrite=True, max_shard_bytes=4096)
+    _, back = checkpoints.load(path)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0), back, changed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert not (path / "model.safetensors").exists()  # the single file of the first export

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import struct
 
 import jax
@@ -205,7 +206,9 @@ def save_hf(
     tokenizer: None, ``training.data.ByteTokenizer()`` (writes a byte-level ``tokenizer.json``),
       an ``HFTokenizer``, or a path to a ``tokenizer.json`` (copied).
     overwrite: ``path`` must otherwise be absent or an empty directory; with ``overwrite`` the
-      files an earlier export wrote there (config, weights, index, shards, tokenizer) are removed.
+      files an earlier export wrote there (config, weights, index, shards, tokenizer) are
+      replaced. The new files are written beside ``path`` (``<path>.saving``) and moved in only
+      once complete, so a failed save leaves the earlier checkpoint as it was.
 
     Every argument, the config/family combination, the parameter tree and the destination are
     checked before anything is written (ValueError / TypeError / OSError naming the problem).
@@ -233,10 +236,21 @@ def save_hf(
             raise FileExistsError(f"{path} is not empty ({others[0].name}, ...)")
         if stale and not overwrite:
             raise FileExistsError(f"{path} already holds a checkpoint (pass overwrite=True)")
-        for f in stale:
-            f.unlink()
-    path.mkdir(parents=True, exist_ok=True)
+    # Written beside ``path`` first, moved in once complete: a failed write (disk full, a crash,
+    # an exception) leaves an earlier checkpoint at ``path`` as it was.
+    staging = path.with_name(path.name + ".saving")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        written = _write_files(staging, tensors, max_shard_bytes, tok_files, cfg_dict)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _move_in(staging, path, written)
+    return written
 
+
+def _write_files(path: pathlib.Path, tensors, max_shard_bytes, tok_files, cfg_dict) -> list[str]:
     written = []
     metadata = {"format": "pt"}  # what transformers expects of a PyTorch-loadable file
     shards = _shards(tensors, max_shard_bytes)
@@ -259,7 +273,22 @@ def save_hf(
     for fname, text in (tok_files or {}).items():
         (path / fname).write_text(text)
         written.append(fname)
-    # config.json last: a directory whose export was interrupted does not look like a checkpoint.
     (path / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     written.append("config.json")
     return written
+
+
+def _move_in(staging: pathlib.Path, path: pathlib.Path, written: list[str]) -> None:
+    """Replace an earlier export's files in ``path`` by the complete new set in ``staging``:
+    old files aside first, new ones in (config.json last: a directory whose move was interrupted
+    does not look like a checkpoint), then the old ones deleted."""
+    path.mkdir(parents=True, exist_ok=True)
+    replaced = path.with_name(path.name + ".replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    replaced.mkdir()
+    for f in _our_files(path):
+        f.rename(replaced / f.name)
+    for name in sorted(written, key=lambda n: n == "config.json"):
+        (staging / name).rename(path / name)
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(replaced, ignore_errors=True)

@@ -36,28 +36,55 @@ def _config_from_dict(d: dict) -> ModelConfig:
     return ModelConfig(**d)
 
 
+# save_params writes beside the target and renames (see there)
+SAVING_SUFFIX = ".saving"
+REPLACED_SUFFIX = ".replaced"
+
+
 def save_params(
     path: str | os.PathLike, config: ModelConfig, params: dict, *, overwrite: bool = False
 ) -> None:
-    """Write ``config`` (JSON) and ``params`` (orbax) under directory ``path``."""
+    """Write ``config`` (JSON) and ``params`` (orbax) under directory ``path``.
+
+    Atomic for the directory: everything is written beside it (``path`` + ".saving") and renamed
+    into place once complete, so a save that fails (disk full, a crash, an exception) leaves any
+    earlier checkpoint at ``path`` intact; with ``overwrite`` the old one is removed only after the
+    new one is in place."""
     path = os.path.abspath(os.fspath(path))
     check_param_tree(config, params)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path} already exists (pass overwrite=True to replace it)")
-    # Multi-host (shared filesystem): process 0 alone clears the directory and writes the config;
-    # then every process joins orbax's save of its own shards.
-    if jax.process_index() == 0:
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.makedirs(path)
-        with open(os.path.join(path, CONFIG_FILE), "w") as f:
+    tmp, old = path + SAVING_SUFFIX, path + REPLACED_SUFFIX
+    # Multi-host (shared filesystem): process 0 alone prepares the directory and writes the
+    # config; then every process joins orbax's save of its own shards; process 0 renames.
+    lead = jax.process_index() == 0
+    if lead:
+        shutil.rmtree(tmp, ignore_errors=True)  # a save that died earlier
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(dataclasses.asdict(config), f, indent=2)
+    _sync(f"mtpspec save_params {path} start")
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
+    except BaseException:
+        if lead:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _sync(f"mtpspec save_params {path} written")
+    if lead:
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(path):
+            os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _sync(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        multihost_utils.sync_global_devices(f"mtpspec save_params {path}")
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.join(path, PARAMS_DIR), params)
+        multihost_utils.sync_global_devices(name)
 
 
 def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, dict]:
