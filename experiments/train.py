@@ -50,6 +50,11 @@ flags.DEFINE_integer("seed", 0, "Seed (init and data order).")
 flags.DEFINE_integer("save_every", 100, "Checkpoint interval (steps).")
 flags.DEFINE_integer("eval_every", 100, "Held-out evaluation interval (steps).")
 flags.DEFINE_integer("log_every", 10, "Progress line interval (steps).")
+flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Resume a run with other hyper-parameters (refused by default: it mixes two schedules).",
+)
 flags.DEFINE_integer("kill_at_step", None, "Test hook: SIGKILL this process after that step.")
 flags.mark_flag_as_required("workdir")
 
@@ -82,8 +87,9 @@ def main(argv):
     print(f"model: {dataclasses.asdict(model)}")
     print(f"corpus: {len(corpus.train):,} train bytes, {len(corpus.eval):,} held-out bytes")
     _, metrics = train(
-        model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step, mesh=mesh
-    )
+        model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step, mesh=mesh,
+        allow_config_change=FLAGS.allow_config_change,
+    )  # fmt: skip
     print(f"final held-out: {metrics}")
 
 

@@ -299,3 +299,72 @@ def test_a_failed_hf_export_overwrite_leaves_the_previous_export_intact(
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0), back, changed)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     assert not (path / "model.safetensors").exists()  # the single file of the first export
+
+
+# ---- training: resume after faults ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run():
+    from mtpspec.training import TrainConfig
+    from mtpspec.training import data as data_lib
+
+    config = C.tiny_hybrid(vocab_size=128, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    rng = np.random.default_rng(5)
+    corpus = data_lib.Corpus(
+        rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
+    )
+    tc = TrainConfig(steps=3, batch=2, seq_len=16, warmup=1, save_every=1, eval_every=3,
+                     eval_batches=1, log_every=1)  # fmt: skip
+    return config, corpus, tc
+
+
+def _train(tiny_run, workdir, **kw):
+    from mtpspec.training.train import train
+
+    config, corpus, tc = tiny_run
+    logs = []
+    tc = kw.pop("tc", tc)
+    train(config, tc, corpus, workdir, log=logs.append, **kw)
+    return logs
+
+
+def _steps(workdir):
+    import json
+
+    return [json.loads(x)["step"] for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_survives_a_torn_metrics_line_and_an_unreadable_checkpoint(tiny_run, tmp_path):
+    import shutil
+
+    _train(tiny_run, tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "lo')  # a crash in the middle of a line
+    ckpt = tmp_path / "checkpoints" / "3"
+    for f in ckpt.rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"\0garbage")  # the newest checkpoint torn
+    logs = _train(tiny_run, tmp_path)
+    assert any("torn last line" in line for line in logs), logs
+    assert any("step 3 cannot be restored" in line for line in logs), logs
+    assert any("resumed from step 2" in line for line in logs), logs
+    assert _steps(tmp_path) == [1, 2, 3]
+    shutil.rmtree(tmp_path / "checkpoints")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl line 2"):
+        _train(tiny_run, tmp_path)
+
+
+def test_resume_with_changed_hyper_parameters_is_refused_unless_asked(tiny_run, tmp_path):
+    import dataclasses
+
+    _, _, tc = tiny_run
+    _train(tiny_run, tmp_path)
+    with pytest.raises(ValueError, match=r"lr: 0.003 -> 0.001.*allow_config_change"):
+        _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, lr=1e-3))
+    logs = _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, log_every=2))  # intervals: fine
+    assert not any("changed hyper-parameters" in line for line in logs)
+    logs = _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, steps=4), allow_config_change=True)
+    assert any("changed hyper-parameters: steps" in line for line in logs), logs
+    assert _steps(tmp_path) == [1, 2, 3, 4]

@@ -216,11 +216,80 @@ def _no_log(*_):
     pass
 
 
-def _read_metrics(path: pathlib.Path, upto: int) -> list[dict]:
+def _read_metrics(path: pathlib.Path, upto: int, log=_no_log) -> list[dict]:
+    """The metrics rows of steps <= ``upto``. A torn last line (a crash mid-write) is dropped and
+    said; an unreadable line before it is a ValueError naming the file and line."""
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                log(f"dropped a torn last line of {path} ({line[:40]!r}...)")
+                break
+            raise ValueError(
+                f"{path} line {i + 1} is not a metrics row ({e}): {line[:80]!r}"
+            ) from e
+        rows.append(row)
     return [r for r in rows if r["step"] <= upto]
+
+
+def _rewrite(path: pathlib.Path, text: str) -> None:
+    """Replace ``path``'s contents atomically (write beside, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# Fields a resumed run may change (they do not change what is trained); any other change is
+# refused unless train(..., allow_config_change=True).
+RESUMABLE_CHANGES = frozenset({"save_every", "eval_every", "log_every", "eval_batches"})
+TRAIN_CONFIG_FILE = "train_config.json"
+
+
+def _check_resume_config(workdir: pathlib.Path, tc: TrainConfig, allow: bool, log, write: bool):
+    """Record ``tc`` in the work directory (``write``: process 0); on resume, refuse a changed
+    hyper-parameter (it would silently mix two schedules in one run) unless ``allow``."""
+    path = workdir / TRAIN_CONFIG_FILE
+    now = dataclasses.asdict(tc)
+    if path.exists():
+        try:
+            before = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); remove it to resume anyway") from e
+        changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+        changed = [k for k in changed if k not in RESUMABLE_CHANGES]
+        if changed and not allow:
+            diffs = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
+            raise ValueError(
+                f"resuming {workdir} with changed hyper-parameters ({diffs}); pass "
+                "allow_config_change=True (--allow_config_change) to continue anyway"
+            )
+        if changed:
+            log(f"resuming with changed hyper-parameters: {', '.join(changed)}")
+    if write:
+        _rewrite(path, json.dumps(now, indent=2) + "\n")
+
+
+def _restore_latest(manager, params, opt_state, log):
+    """(params, opt_state, step) from the newest checkpoint that restores; an unreadable one is
+    skipped and said (the previous one is used). (params, opt_state, 0) when there is none."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt": opt_state})
+    for step in sorted(manager.all_steps(), reverse=True):
+        try:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back, loudly
+            log(f"checkpoint at step {step} cannot be restored ({type(e).__name__}: {e}); "
+                "trying the previous one")  # fmt: skip
+            continue
+        log(f"resumed from step {step}")
+        return restored["params"], restored["opt"], step
+    return params, opt_state, 0
 
 
 def train(
@@ -233,6 +302,7 @@ def train(
     log=print,
     kill_at_step: int | None = None,
     mesh=None,
+    allow_config_change: bool = False,
 ) -> tuple[dict, dict]:
     """Train (or resume) in ``workdir``; returns (params, last eval metrics).
 
@@ -241,7 +311,11 @@ def train(
     ``kill_at_step`` (a test hook) SIGKILLs this very process right after that step's metrics line,
     before any checkpoint of that step: the hardest place to resume from.
     ``mesh``: train sharded over a (data, model) mesh (``mtpspec.sharding``); checkpoints are
-    written and restored in that layout (orbax, per shard)."""
+    written and restored in that layout (orbax, per shard).
+    Resuming: from the newest checkpoint that restores (an unreadable one is skipped, and said);
+    ``workdir/train_config.json`` records ``tc``, and a resume with other hyper-parameters
+    (besides the intervals in ``RESUMABLE_CHANGES``) is refused unless ``allow_config_change``.
+    metrics.jsonl is rewound atomically; a torn last line is dropped."""
     if mesh is not None:  # checked before any device work
         mesh = sharding.check_mesh(mesh)
         d = mesh.shape[sharding.DATA]
@@ -249,6 +323,7 @@ def train(
             raise ValueError(f"batch size {tc.batch} does not divide by the data axis ({d})")
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
+    _check_resume_config(workdir, tc, allow_config_change, log, write=jax.process_index() == 0)
     optimizer = make_optimizer(tc)
     if init is None:
         params = init_params(config, jax.random.key(tc.seed))
@@ -266,20 +341,11 @@ def train(
         workdir / "checkpoints",
         options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
     )
-    start = 0
-    latest = manager.latest_step()
-    if latest is not None:
-        abstract = jax.tree.map(
-            ocp.utils.to_shape_dtype_struct, {"params": params, "opt": opt_state}
-        )
-        restored = manager.restore(latest, args=ocp.args.StandardRestore(abstract))
-        params, opt_state = restored["params"], restored["opt"]
-        start = latest
-        log(f"resumed from step {latest}")
+    params, opt_state, start = _restore_latest(manager, params, opt_state, log)
     metrics_path = workdir / "metrics.jsonl"
     if primary:
-        kept = _read_metrics(metrics_path, start)
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        kept = _read_metrics(metrics_path, start, log)
+        _rewrite(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     train_step = make_train_step(config, tc, optimizer, mesh=mesh)
     held = data_lib.eval_batches(
         corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
