@@ -104,6 +104,9 @@ def test_speculative_greedy_equals_plain_greedy(moe_model, plain_moe, proposer, 
     emitted = sum(len(t) for t in result.tokens) - len(PROMPTS)  # prefill tokens excluded
     verify_tokens = sum(a + 1 for seq in stats["accepted"] for a in seq if a >= 0)
     assert verify_tokens >= emitted  # the last step may be cut at max_new_tokens
+    # τ counts only what was emitted (tokens cut at max_new_tokens are not)
+    assert stats["emitted"] == [len(t) - 1 for t in result.tokens]
+    assert stats["tau"] == pytest.approx(emitted / sum(stats["steps"]))
 
 
 def test_ngram_drafts_are_accepted_on_repetitive_text(moe_model, plain_moe):

@@ -368,3 +368,20 @@ def test_resume_with_changed_hyper_parameters_is_refused_unless_asked(tiny_run, 
     logs = _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, steps=4), allow_config_change=True)
     assert any("changed hyper-parameters: steps" in line for line in logs), logs
     assert _steps(tmp_path) == [1, 2, 3, 4]
+
+
+def test_tau_does_not_count_tokens_cut_at_max_new_tokens(model):
+    """On text the n-gram table knows, a window accepts several drafts; with max_new_tokens that
+    cuts the last window short, τ counts the emitted tokens, not the accepted ones."""
+    config, params = model
+    spec = mtpspec.SpecConfig("ngram", 4)
+    cut = []
+    for max_new in range(2, 9):
+        r = mtpspec.generate(config, params, [[3, 1, 4, 1, 5] * 6], max_new_tokens=max_new,
+                             speculative=spec)  # fmt: skip
+        steps = r.stats["steps"][0]
+        assert r.stats["tau"] == pytest.approx((len(r.tokens[0]) - 1) / steps)
+        accepted = sum(a + 1 for a in r.stats["accepted"][0] if a >= 0)
+        assert accepted >= len(r.tokens[0]) - 1
+        cut.append(accepted > len(r.tokens[0]) - 1)
+    assert any(cut)  # the case this test is about did happen

@@ -1,9 +1,11 @@
 """Acceptance statistics: the one definition of τ and per-position acceptance, used by
 ``generate``'s results, the CLI, the benchmarks and the notebooks.
 
-τ (tokens per verify step) = Σ (a + 1) over a sequence's verify steps ÷ their number, where a is
-the number of drafts a step accepted; the prefill token is not from a verify step and is not
-counted. Position acceptance i = fraction of verify steps that accepted at least i drafts.
+τ (tokens per verify step) = the tokens a sequence's verify steps emitted ÷ their number: Σ (a + 1)
+over its steps, where a is the number of drafts a step accepted, less any tokens cut at EOS or
+max_new_tokens (those are not emitted); the prefill token is not from a verify step and is not
+counted. Position acceptance i = fraction of verify steps that accepted at least i drafts (what
+the verifier accepted, cut or not).
 """
 
 from __future__ import annotations
@@ -13,16 +15,24 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 
-def acceptance(accepted: Iterable[Sequence[int]], k: int) -> dict:
+def acceptance(
+    accepted: Iterable[Sequence[int]], k: int, emitted: Sequence[int] | None = None
+) -> dict:
     """Pooled statistics of per-sequence accepted-draft lists (−1 entries: the sequence was not
-    active at that step and are ignored). Returns ``tau``, ``position_acceptance`` (k entries),
-    ``steps`` (verify steps, all sequences) and ``tau_per_sequence``."""
+    active at that step and are ignored). ``emitted``: per sequence, the tokens its verify steps
+    emitted (the count without the prefill token); without it every accepted token counts as
+    emitted. Returns ``tau``, ``position_acceptance`` (k entries), ``steps`` (verify steps, all
+    sequences) and ``tau_per_sequence``."""
     rows = [np.asarray([a for a in seq if a >= 0], np.int64) for seq in accepted]
     flat = np.concatenate(rows) if rows else np.zeros((0,), np.int64)
     steps = len(flat)
+    if emitted is None:
+        emitted = [int((r + 1).sum()) for r in rows]
+    if len(emitted) != len(rows):
+        raise ValueError(f"emitted has {len(emitted)} entries for {len(rows)} sequences")
     return {
-        "tau": float((flat + 1).sum() / max(steps, 1)),
-        "tau_per_sequence": [float((r + 1).sum() / max(len(r), 1)) for r in rows],
+        "tau": float(sum(emitted) / max(steps, 1)),
+        "tau_per_sequence": [float(e / max(len(r), 1)) for e, r in zip(emitted, rows)],
         "position_acceptance": [float((flat >= i).sum() / max(steps, 1)) for i in range(1, k + 1)],
         "steps": steps,
     }
@@ -37,16 +47,23 @@ def pooled(stats: Iterable[dict]) -> dict:
     k = stats[0]["num_draft"]
     if any(s["num_draft"] != k for s in stats):
         raise ValueError("pooled() needs results with the same num_draft")
-    return acceptance([seq for s in stats for seq in s["accepted"]], k)
+    emitted = (
+        [e for s in stats for e in s["emitted"]] if all("emitted" in s for s in stats) else None
+    )
+    return acceptance([seq for s in stats for seq in s["accepted"]], k, emitted)
 
 
 def result_stats(accepts: np.ndarray, count: np.ndarray, k: int, compile_s, run_s) -> dict:
     """``GenerateResult.stats`` from the program's per-step accepted counts [steps, b]."""
     per_seq = accepts.T.tolist()
-    summary = acceptance(per_seq, k)
+    steps = (accepts >= 0).sum(axis=0)
+    # the prefill emitted one token; a sequence that never ran a verify step emitted no more
+    emitted = [int(c) - 1 if n else 0 for c, n in zip(np.asarray(count).tolist(), steps.tolist())]
+    summary = acceptance(per_seq, k, emitted)
     return {
-        "steps": (accepts >= 0).sum(axis=0).tolist(),
+        "steps": steps.tolist(),
         "accepted": per_seq,
+        "emitted": emitted,
         "tau": summary["tau"],
         "tau_per_sequence": summary["tau_per_sequence"],
         "position_acceptance": summary["position_acceptance"],
