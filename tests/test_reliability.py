@@ -385,3 +385,47 @@ def test_tau_does_not_count_tokens_cut_at_max_new_tokens(model):
         assert accepted >= len(r.tokens[0]) - 1
         cut.append(accepted > len(r.tokens[0]) - 1)
     assert any(cut)  # the case this test is about did happen
+
+
+# ---- checkpoints: tensors and indexes that are not what they claim -------------------------------
+
+
+def _copy_fixture(name, tmp_path):
+    import pathlib
+    import shutil
+
+    src = pathlib.Path(__file__).parent / "fixtures" / "hf" / name
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("bad", ["../outside.safetensors", "/etc/passwd", "sub/model.safetensors"])
+def test_a_safetensors_index_cannot_point_outside_its_directory(tmp_path, bad):
+    import json
+
+    from mtpspec import checkpoints
+
+    path = _copy_fixture("qwen3_next_bf16_sharded", tmp_path)
+    index = path / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = sorted(data["weight_map"])[0]
+    data["weight_map"][first] = bad
+    index.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="shards must be file names"):
+        checkpoints.load(path)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.bool_])
+def test_integer_or_boolean_weights_are_refused_not_cast(tmp_path, dtype):
+    from safetensors.numpy import load_file, save_file
+
+    from mtpspec import checkpoints
+
+    path = _copy_fixture("qwen3_5", tmp_path)
+    tensors = load_file(path / "model.safetensors")
+    name = sorted(n for n in tensors if n.endswith("mlp.down_proj.weight"))[0]
+    tensors[name] = (tensors[name] > 0).astype(dtype)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(TypeError, match=f"tensor {name} .* must be floating point"):
+        checkpoints.load(path)

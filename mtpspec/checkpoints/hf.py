@@ -322,6 +322,12 @@ def _index_tensors(path: str) -> dict[str, str]:
                 raise TypeError("weight_map is not an object")
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"bad safetensors index {index}: {e!r}") from e
+        for k, v in weight_map.items():  # a shard is a file of this directory, nothing else
+            if not isinstance(v, str) or v != os.path.basename(v) or v in ("", ".", ".."):
+                raise ValueError(
+                    f"safetensors index {index} maps {k} to {v!r}: shards must be file names "
+                    "in the checkpoint's own directory"
+                )
         promised = {k: os.path.join(path, v) for k, v in weight_map.items()}
         files = sorted(set(promised.values()))
         for file in files:
@@ -343,7 +349,13 @@ def _index_tensors(path: str) -> dict[str, str]:
     return where
 
 
+# safetensors dtype codes of floating-point tensors (weights); integer / bool tensors are refused
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
 def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """name -> shape from the files' headers; a tensor that is not floating point is a
+    TypeError (casting integers or booleans to weights would be silent garbage)."""
     by_file: dict[str, list[str]] = {}
     for n in names:
         by_file.setdefault(where[n], []).append(n)
@@ -351,7 +363,13 @@ def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int,
     for file, ns in by_file.items():
         with _open(file) as f:
             for n in ns:
-                out[n] = tuple(f.get_slice(n).get_shape())
+                sl = f.get_slice(n)
+                if str(sl.get_dtype()) not in FLOAT_DTYPES:
+                    raise TypeError(
+                        f"tensor {n} in {file} has dtype {sl.get_dtype()}; weights must be "
+                        f"floating point ({', '.join(FLOAT_DTYPES)})"
+                    )
+                out[n] = tuple(sl.get_shape())
     return out
 
 
