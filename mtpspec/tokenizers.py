@@ -17,7 +17,9 @@ class ByteTokenizer:
     vocab_size = 256
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        # surrogateescape: text that came from bytes that are not UTF-8 (argv, file names, read
+        # with errors="surrogateescape") encodes back to exactly those bytes
+        return list(text.encode("utf-8", "surrogateescape"))
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")

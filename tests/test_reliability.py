@@ -429,3 +429,27 @@ def test_integer_or_boolean_weights_are_refused_not_cast(tmp_path, dtype):
     save_file(tensors, path / "model.safetensors")
     with pytest.raises(TypeError, match=f"tensor {name} .* must be floating point"):
         checkpoints.load(path)
+
+
+def test_non_utf8_bytes_in_argv_reach_the_model_as_those_bytes(tmp_path):
+    """A prompt given as non-UTF-8 bytes on the command line (Python decodes argv with
+    surrogateescape) is encoded back to exactly those bytes by the byte tokenizer."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from mtpspec.tokenizers import ByteTokenizer
+
+    assert ByteTokenizer().encode(b"caf\xe9 \xff".decode("utf-8", "surrogateescape")) == [
+        *b"caf\xe9 \xff"
+    ]
+    out = tmp_path / "out.json"
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.generate", b"--prompt=caf\xe9 \xff",
+         "--max_new_tokens=3", f"--json_out={out}"],
+        cwd=repo, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(json.loads(out.read_text())[0]["tokens"]) == 3
