@@ -198,8 +198,9 @@ def test_draft_model_greedy_equals_plain_greedy(model, draft_model, strategy):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_target_as_its_own_draft_accepts_everything(model, temperature):
-    """p == q: every draft is accepted (τ = k + 1), greedy or sampled; the draft model's own
-    hybrid state is committed every step."""
+    """p == q: every draft is accepted (every step verifies k + 1 tokens; τ counts those emitted,
+    so the last step's cut tail is not), greedy or sampled; the draft model's own hybrid state is
+    committed every step."""
     config, params = model
     spec = mtpspec.SpecConfig(
         proposer="draft", num_draft=3, commit="scan", draft_config=config, draft_params=params
@@ -207,7 +208,11 @@ def test_target_as_its_own_draft_accepts_everything(model, temperature):
     result = mtpspec.generate(
         config, params, PROMPTS, max_new_tokens=16, speculative=spec, temperature=temperature
     )
-    assert result.stats["tau"] == pytest.approx(4.0)
+    assert result.stats["position_acceptance"] == [1.0, 1.0, 1.0]
+    assert all(a == 3 for seq in result.stats["accepted"] for a in seq if a >= 0)
+    steps, emitted = sum(result.stats["steps"]), sum(result.stats["emitted"])
+    assert result.stats["tau"] == pytest.approx(emitted / steps)
+    assert emitted == sum(len(t) - 1 for t in result.tokens)
     if temperature == 0.0:
         assert result.tokens == mtpspec.generate(config, params, PROMPTS, max_new_tokens=16).tokens
 
