@@ -453,3 +453,44 @@ def test_non_utf8_bytes_in_argv_reach_the_model_as_those_bytes(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert len(json.loads(out.read_text())[0]["tokens"]) == 3
+
+
+def _torn_metadata(t):
+    (t / "params" / "_METADATA").unlink()
+
+
+def _garbage_metadata(t):
+    (t / "params" / "_METADATA").write_text("{not json")
+
+
+def _config_missing_fields(t):
+    (t / "config.json").write_text('{"vocab_size": 3}')
+
+
+def _config_wrong_type(t):
+    import json
+
+    cfg = json.loads((t / "config.json").read_text())
+    cfg["hidden_size"] = "x"
+    (t / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (_torn_metadata, OSError, "no readable metadata"),
+        (_garbage_metadata, OSError, "no readable metadata|cannot read"),
+        (_config_missing_fields, ValueError, "lacks required fields"),
+        (_config_wrong_type, ValueError, "hidden_size"),
+    ],
+    ids=["metadata missing", "metadata garbage", "config missing fields", "config wrong type"],
+)
+def test_a_corrupt_mtpspec_checkpoint_is_a_clear_error(model, tmp_path, mutate, exc, match):
+    from mtpspec import checkpoints
+
+    config, params = model
+    path = tmp_path / "ckpt"
+    checkpoints.save_params(path, config, params)
+    mutate(path)
+    with pytest.raises(exc, match=match):
+        checkpoints.load(path)

@@ -27,13 +27,26 @@ CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 
 
-def _config_from_dict(d: dict) -> ModelConfig:
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(d) - fields)
+def _config_from_dict(d) -> ModelConfig:
+    if not isinstance(d, dict):
+        raise ValueError(f"saved config must be a JSON object, got {type(d).__name__}")
+    fields = dataclasses.fields(ModelConfig)
+    unknown = sorted(set(d) - {f.name for f in fields})
     if unknown:
         raise ValueError(f"saved config has unknown fields {unknown}")
+    required = [
+        f.name
+        for f in fields
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    missing = [name for name in required if name not in d]
+    if missing:
+        raise ValueError(f"saved config lacks required fields {missing}")
     d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    return ModelConfig(**d)
+    try:
+        return ModelConfig(**d)
+    except TypeError as e:  # a field of the wrong type, e.g. a string where a count belongs
+        raise ValueError(f"saved config is not a valid ModelConfig: {e}") from e
 
 
 # save_params writes beside the target and renames (see there)
@@ -104,7 +117,7 @@ def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, 
         except json.JSONDecodeError as e:
             raise ValueError(f"saved config {cfg_file} is not valid JSON: {e}") from e
     with ocp.StandardCheckpointer() as ckptr:
-        meta = ckptr.metadata(params_dir).item_metadata.tree
+        meta = _metadata_tree(ckptr, params_dir)
         if mesh is None:
             one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             shardings = jax.tree.map(lambda _: one, meta)
@@ -117,6 +130,26 @@ def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, 
             meta,
             shardings,
         )
-        params = ckptr.restore(params_dir, target)
+        try:
+            params = ckptr.restore(params_dir, target)
+        except (ValueError, TypeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - orbax / tensorstore errors on torn data
+            raise OSError(f"cannot read the saved params at {params_dir}: {e}") from e
     check_param_tree(config, params)
     return config, params
+
+
+def _metadata_tree(ckptr, params_dir: str):
+    """The saved params' metadata tree; OSError when it is missing or unreadable."""
+    try:
+        item = ckptr.metadata(params_dir).item_metadata
+    except Exception as e:  # noqa: BLE001 - orbax raises many kinds on torn metadata
+        raise OSError(f"cannot read the saved params' metadata at {params_dir}: {e}") from e
+    tree = getattr(item, "tree", None)
+    if tree is None:
+        raise OSError(
+            f"the saved params at {params_dir} have no readable metadata (an incomplete or "
+            "corrupt checkpoint)"
+        )
+    return tree
