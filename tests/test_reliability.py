@@ -13,6 +13,7 @@ import mtpspec
 from mtpspec import config as C
 from mtpspec import models, ops
 from mtpspec.decoding.sampling import filtered_log_probs, seed_key
+from tests import faults
 from tests.gdn_testing import random_gdn_inputs
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
@@ -255,10 +256,7 @@ def test_a_failed_overwrite_leaves_the_previous_checkpoint_intact(model, tmp_pat
     checkpoints.save_params(path, config, params)
     changed = jax.tree.map(lambda x: x + 1.0, params)
 
-    def disk_full(self, *args, **kwargs):
-        raise OSError(28, "No space left on device (injected)")
-
-    monkeypatch.setattr(ocp.StandardCheckpointer, "save", disk_full)
+    faults.disk_full(monkeypatch, ocp.StandardCheckpointer, "save")
     with pytest.raises(OSError, match="No space left"):
         checkpoints.save_params(path, config, changed, overwrite=True)
     monkeypatch.undo()
@@ -282,17 +280,11 @@ def test_a_failed_hf_export_overwrite_leaves_the_previous_export_intact(
     checkpoints.save_hf(config, params, path)
     before = {f.name: f.read_bytes() for f in path.iterdir()}
     changed = jax.tree.map(lambda x: x + 1.0, params)
-    calls = []
-
-    def torn(file, tensors, metadata):  # the first shard written, then the disk fills up
-        calls.append(file)
-        raise OSError(28, "No space left on device (injected)")
-
-    monkeypatch.setattr(hf_export, "_write_safetensors", torn)
+    calls = faults.crash_after(monkeypatch, hf_export, "_write_safetensors", 1)  # shard 2 fails
     with pytest.raises(OSError, match="No space left"):
         checkpoints.save_hf(config, changed, path, overwrite=True, max_shard_bytes=4096)
     monkeypatch.undo()
-    assert calls and {f.name: f.read_bytes() for f in path.iterdir()} == before
+    assert len(calls) == 2 and {f.name: f.read_bytes() for f in path.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     checkpoints.save_hf(config, changed, path, overwrite=True, max_shard_bytes=4096)
     _, back = checkpoints.load(path)
@@ -341,10 +333,7 @@ def test_resume_survives_a_torn_metrics_line_and_an_unreadable_checkpoint(tiny_r
     _train(tiny_run, tmp_path)
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 4, "lo')  # a crash in the middle of a line
-    ckpt = tmp_path / "checkpoints" / "3"
-    for f in ckpt.rglob("*"):
-        if f.is_file():
-            f.write_bytes(b"\0garbage")  # the newest checkpoint torn
+    faults.garble(tmp_path / "checkpoints" / "3")  # the newest checkpoint unreadable
     logs = _train(tiny_run, tmp_path)
     assert any("torn last line" in line for line in logs), logs
     assert any("step 3 cannot be restored" in line for line in logs), logs
@@ -494,3 +483,67 @@ def test_a_corrupt_mtpspec_checkpoint_is_a_clear_error(model, tmp_path, mutate, 
     mutate(path)
     with pytest.raises(exc, match=match):
         checkpoints.load(path)
+
+
+# ---- the API boundary: every entry point checks the params it is given ---------------------------
+
+
+def _with_nan(params):
+    bad = dict(params)
+    bad["final_norm"] = params["final_norm"].at[0].set(jnp.nan)
+    return bad
+
+
+def test_nan_draft_weights_are_refused_by_name(model):
+    config, params = model
+    spec = mtpspec.SpecConfig("draft", 2, draft_config=config, draft_params=_with_nan(params))
+    with pytest.raises(ValueError, match=r"draft_params: parameter \['final_norm'\]"):
+        mtpspec.generate(config, params, PROMPTS, max_new_tokens=4, speculative=spec)
+
+
+def test_training_refuses_init_weights_that_are_nan_or_do_not_match(model, tiny_run, tmp_path):
+    from mtpspec.training.train import train
+
+    config, params = model
+    _, corpus, tc = tiny_run
+    quiet = dict(log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"parameter \['final_norm'\] holds NaN"):
+        train(config, tc, corpus, tmp_path / "a", init=_with_nan(params), **quiet)
+    fewer = {**params, "layers": params["layers"][:1]}
+    with pytest.raises(ValueError, match="init do not match"):
+        train(config, tc, corpus, tmp_path / "b", init=fewer, **quiet)
+
+
+def test_the_finiteness_check_runs_once_per_parameter_set(model, monkeypatch):
+    from mtpspec.models import inference
+
+    config, params = model
+    calls = []
+    real = inference.check_finite
+    monkeypatch.setattr(inference, "check_finite", lambda p: calls.append(1) or real(p))
+    fresh = jax.tree.map(lambda x: x + 0.0, params)  # new leaves: not seen before
+    for _ in range(3):
+        inference.check_finite_once(fresh)
+    assert len(calls) == 1
+    inference.check_finite_once(jax.tree.map(np.asarray, fresh))  # numpy leaves: always checked
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.01, 0.5, 0.99])
+def test_a_torn_safetensors_file_is_an_os_error(tmp_path, keep):
+    from mtpspec import checkpoints
+
+    path = _copy_fixture("qwen3_5", tmp_path)
+    faults.torn(path / "model.safetensors", keep)
+    with pytest.raises(OSError, match="model.safetensors"):
+        checkpoints.load(path)
+
+
+def test_a_torn_orbax_metadata_file_is_an_os_error(model, tmp_path):
+    from mtpspec import checkpoints
+
+    config, params = model
+    checkpoints.save_params(tmp_path / "ckpt", config, params)
+    faults.torn(tmp_path / "ckpt" / "params" / "_METADATA", 0.5)
+    with pytest.raises(OSError, match="metadata"):
+        checkpoints.load(tmp_path / "ckpt")

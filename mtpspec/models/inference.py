@@ -193,6 +193,27 @@ def check_finite(params) -> None:
             raise ValueError(f"parameter {jax.tree_util.keystr(path)} holds NaN or infinite values")
 
 
+_FINITE_SEEN: collections.OrderedDict = collections.OrderedDict()
+
+
+def check_finite_once(params, size: int = 4) -> None:
+    """``check_finite``, skipped for a tree whose jax-array leaves (by identity) passed it among
+    the last ``size`` trees checked (jax arrays are immutable; the leaves are held so their ids
+    stay unique). Trees with numpy leaves are checked every time."""
+    leaves = jax.tree_util.tree_leaves(params)
+    if not all(isinstance(x, jax.Array) for x in leaves):
+        check_finite(params)
+        return
+    key = tuple(id(x) for x in leaves)
+    if key in _FINITE_SEEN:
+        _FINITE_SEEN.move_to_end(key)
+        return
+    check_finite(params)
+    _FINITE_SEEN[key] = leaves
+    while len(_FINITE_SEEN) > size:
+        _FINITE_SEEN.popitem(last=False)
+
+
 class _Memo:
     """The last few (canonical tree -> inference tree) results, keyed by the identity of every
     leaf (jax arrays are immutable, and the canonical leaves are held so their ids stay unique);

@@ -35,7 +35,8 @@ from mtpspec import sharding
 from mtpspec.checkpoints import save_params
 from mtpspec.config import ModelConfig
 from mtpspec.models import decoder, init_params
-from mtpspec.models.params import param_shapes
+from mtpspec.models.inference import check_finite
+from mtpspec.models.params import check_param_tree, param_shapes
 from mtpspec.training import data as data_lib
 
 
@@ -329,6 +330,8 @@ def train(
         params = init_params(config, jax.random.key(tc.seed))
         params["embed"] = params["embed"] * 0.04  # std 0.02: tied logits start near uniform
     else:
+        check_param_tree(config, init, name="init")
+        check_finite(init)  # training from NaN weights trains and saves NaN
         params = init
     if mesh is not None:
         params = sharding.shard_params(config, params, mesh)

@@ -20,6 +20,7 @@ from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 from mtpspec.models.decoder import window_step_impl
+from mtpspec.models.inference import check_finite_once
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import GDNCommit, init_decode_state
 from mtpspec.ops import GDNAux
@@ -64,6 +65,10 @@ class DraftModelProposer(Proposer):
                 f"target's ({config.vocab_size})"
             )
         check_param_tree(spec.draft_config, spec.draft_params, name="draft_params")
+        try:  # NaN draft weights would propose garbage silently (once per parameter set)
+            check_finite_once(spec.draft_params)
+        except ValueError as e:
+            raise ValueError(f"draft_params: {e}") from e
 
     @classmethod
     def from_spec(cls, spec) -> DraftModelProposer:
