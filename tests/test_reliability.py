@@ -547,3 +547,26 @@ def test_a_torn_orbax_metadata_file_is_an_os_error(model, tmp_path):
     faults.torn(tmp_path / "ckpt" / "params" / "_METADATA", 0.5)
     with pytest.raises(OSError, match="metadata"):
         checkpoints.load(tmp_path / "ckpt")
+
+
+# ---- ops: a non-finite input reaches what it reaches in the recurrence, no further ---------------
+
+
+@pytest.mark.parametrize("field", ["q", "k", "v", "g", "beta"])
+@pytest.mark.parametrize("method", ["chunk", "assoc"])
+def test_a_nan_input_reaches_exactly_what_it_reaches_in_the_recurrence(field, method):
+    """A NaN at position j never reaches positions before j (the chunked form's masked products
+    used to compute 0 · NaN for them); where it does reach (o from j on, the state), every form
+    agrees with the recurrence, NaN for NaN."""
+    q, k, v, g, beta, s0 = random_gdn_inputs(0, 2, 37, 1, 2, 8, 8)
+    for pos in (0, 10, 15, 16, 36):
+        arrs = dict(q=q, k=k, v=v, g=g, beta=beta)
+        arrs[field] = arrs[field].at[:, pos].set(jnp.nan)
+        kw = dict(initial_state=s0, return_states=True)
+        ref = ops.gated_delta_rule_with_aux(*arrs.values(), method="recurrent", **kw)
+        got = ops.gated_delta_rule_with_aux(*arrs.values(), method=method, chunk_size=16, **kw)
+        assert bool(jnp.all(jnp.isfinite(got[0][:, :pos])))  # causality under NaN
+        for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got), strict=True):
+            a, b = np.asarray(a), np.asarray(b)
+            np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+            np.testing.assert_allclose(np.nan_to_num(a), np.nan_to_num(b), atol=1e-4)

@@ -243,10 +243,43 @@ def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk
     if method == "recurrent":
         return recurrent(*args, scale, return_states)
     if method == "chunk":
-        return chunked(*args, scale, return_states, chunk_size)
+        return _causal_non_finite(chunked, args, scale, return_states, chunk_size)
     if method == "assoc":
         return assoc(*args, scale, return_states)
     raise AssertionError(method)
+
+
+def _causal_non_finite(form, args, scale, return_states, chunk_size):
+    """Run a chunked form so that a NaN / infinity at position j reaches exactly what it reaches
+    in the recurrence: in k, v, g or β, o / u / states from j on and the final state; in q, o_j
+    alone. Inside a chunk the masked products would otherwise compute 0 · NaN = NaN for earlier
+    positions too. Non-finite positions are zeroed (g = β = 0: no update) before the form runs,
+    and their reach is restored afterwards."""
+    q, k, v, g, beta, s0 = args
+    per_pos = lambda x: jnp.all(jnp.isfinite(x), axis=-1)  # noqa: E731 - [b, t, h]
+    bad_state = ~(per_pos(k) & per_pos(v) & jnp.isfinite(g) & jnp.isfinite(beta))
+    bad_q = ~per_pos(q)
+    clean = lambda x, bad: jnp.where(bad, 0.0, x)  # noqa: E731
+    args = (
+        clean(q, bad_q[..., None]),
+        clean(k, bad_state[..., None]),
+        clean(v, bad_state[..., None]),
+        clean(g, bad_state),
+        clean(beta, bad_state),
+        s0,
+    )
+    o, final, aux = form(*args, scale, return_states, chunk_size)
+    poisoned = jnp.cumsum(bad_state.astype(jnp.int32), axis=1) > 0  # [b, t, h]
+    nan = jnp.float32(jnp.nan)
+    o = jnp.where((poisoned | bad_q)[..., None], nan, o)
+    final = jnp.where(jnp.any(poisoned, axis=1)[..., None, None], nan, final)
+    states = aux.states
+    if states is not None:
+        states = jnp.where(poisoned[..., None, None], nan, states)
+    aux = GDNAux(
+        u=jnp.where(poisoned[..., None], nan, aux.u), g_cum=jnp.cumsum(g, axis=1), states=states
+    )
+    return o, final, aux
 
 
 def gated_delta_rule_with_aux(
