@@ -553,7 +553,7 @@ def test_a_torn_orbax_metadata_file_is_an_os_error(model, tmp_path):
 
 
 @pytest.mark.parametrize("field", ["q", "k", "v", "g", "beta"])
-@pytest.mark.parametrize("method", ["chunk", "assoc"])
+@pytest.mark.parametrize("method", ["chunk", "assoc", "pallas"])
 def test_a_nan_input_reaches_exactly_what_it_reaches_in_the_recurrence(field, method):
     """A NaN at position j never reaches positions before j (the chunked form's masked products
     used to compute 0 · NaN for them); where it does reach (o from j on, the state), every form

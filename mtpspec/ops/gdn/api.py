@@ -233,8 +233,12 @@ def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk
             return_states=return_states,
             interpret=platform == "cpu",  # static: part of the jit cache key
         )
-        o, final, u, states = gdn_pallas(q, k, v, g, beta, initial_state.astype(f32), cfg)
-        return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
+
+        def pallas_form(q, k, v, g, beta):
+            o, final, u, states = gdn_pallas(q, k, v, g, beta, initial_state.astype(f32), cfg)
+            return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
+
+        return _causal_non_finite(pallas_form, q, k, v, g, beta)
     if method == "ffi":  # key heads unexpanded; the kernel reads head h // (hv // hk)
         o, final, u, states = cpu_gdn.apply(q, k, v, g, beta, initial_state, scale, return_states)
         return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(f32), axis=1), states=states)
@@ -243,43 +247,43 @@ def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk
     if method == "recurrent":
         return recurrent(*args, scale, return_states)
     if method == "chunk":
-        return _causal_non_finite(chunked, args, scale, return_states, chunk_size)
+        return _causal_non_finite(
+            lambda *x: chunked(*x, args[5], scale, return_states, chunk_size), *args[:5]
+        )
     if method == "assoc":
         return assoc(*args, scale, return_states)
     raise AssertionError(method)
 
 
-def _causal_non_finite(form, args, scale, return_states, chunk_size):
-    """Run a chunked form so that a NaN / infinity at position j reaches exactly what it reaches
-    in the recurrence: in k, v, g or β, o / u / states from j on and the final state; in q, o_j
-    alone. Inside a chunk the masked products would otherwise compute 0 · NaN = NaN for earlier
-    positions too. Non-finite positions are zeroed (g = β = 0: no update) before the form runs,
-    and their reach is restored afterwards."""
-    q, k, v, g, beta, s0 = args
-    per_pos = lambda x: jnp.all(jnp.isfinite(x), axis=-1)  # noqa: E731 - [b, t, h]
-    bad_state = ~(per_pos(k) & per_pos(v) & jnp.isfinite(g) & jnp.isfinite(beta))
-    bad_q = ~per_pos(q)
-    clean = lambda x, bad: jnp.where(bad, 0.0, x)  # noqa: E731
-    args = (
-        clean(q, bad_q[..., None]),
-        clean(k, bad_state[..., None]),
-        clean(v, bad_state[..., None]),
-        clean(g, bad_state),
-        clean(beta, bad_state),
-        s0,
+def _causal_non_finite(form, q, k, v, g, beta):
+    """Run a chunked form (``form(q, k, v, g, beta) -> (o, final, aux)``) so that a NaN /
+    infinity at position j reaches exactly what it reaches in the recurrence: in k, v, g or β,
+    o / u / states from j on and the final state; in q, o_j alone. Inside a chunk the masked
+    products would otherwise compute 0 · NaN = NaN for earlier positions too. Non-finite positions
+    are zeroed (g = β = 0: no update) before the form runs and their reach restored after. q and
+    k may hold fewer (key) heads than v (value head i reads key head i // r)."""
+    r = v.shape[2] // k.shape[2]
+    ok = lambda x: jnp.all(jnp.isfinite(x), axis=-1)  # noqa: E731 - per (b, t, head)
+    to_value_heads = lambda m: jnp.repeat(m, r, axis=2) if r > 1 else m  # noqa: E731
+    bad_q, bad_k = ~ok(q), ~ok(k)  # key heads
+    bad_state = to_value_heads(bad_k) | ~ok(v) | ~jnp.isfinite(g) | ~jnp.isfinite(beta)
+    zero = lambda x, bad: jnp.where(bad, 0.0, x)  # noqa: E731
+    o, final, aux = form(
+        zero(q, bad_q[..., None]),
+        zero(k, bad_k[..., None]),
+        zero(v, bad_state[..., None]),
+        zero(g, bad_state),
+        zero(beta, bad_state),
     )
-    o, final, aux = form(*args, scale, return_states, chunk_size)
-    poisoned = jnp.cumsum(bad_state.astype(jnp.int32), axis=1) > 0  # [b, t, h]
+    poisoned = jnp.cumsum(bad_state.astype(jnp.int32), axis=1) > 0  # [b, t, hv]
     nan = jnp.float32(jnp.nan)
-    o = jnp.where((poisoned | bad_q)[..., None], nan, o)
+    o = jnp.where((poisoned | to_value_heads(bad_q))[..., None], nan, o)
     final = jnp.where(jnp.any(poisoned, axis=1)[..., None, None], nan, final)
     states = aux.states
     if states is not None:
         states = jnp.where(poisoned[..., None, None], nan, states)
-    aux = GDNAux(
-        u=jnp.where(poisoned[..., None], nan, aux.u), g_cum=jnp.cumsum(g, axis=1), states=states
-    )
-    return o, final, aux
+    u = jnp.where(poisoned[..., None], nan, aux.u)
+    return o, final, GDNAux(u=u, g_cum=jnp.cumsum(g.astype(jnp.float32), axis=1), states=states)
 
 
 def gated_delta_rule_with_aux(
