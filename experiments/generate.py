@@ -154,10 +154,13 @@ def single(mesh=None):
     )  # fmt: skip
     out = result.tokens[0]
     print(tok.decode(out) if tok else out)
-    print(
-        f"\ntau {result.stats['tau']:.2f}, {result.stats['tokens_per_s']:.1f} tok/s "
-        f"(compile {result.stats['compile_s']:.1f} s), stop: {result.stop_reasons[0]}"
-    )
+    if not out:  # max_new_tokens=0: nothing ran, so there is no rate or tau to report
+        print(f"\nno tokens generated (max_new_tokens={FLAGS.max_new_tokens})")
+    else:
+        print(
+            f"\ntau {result.stats['tau']:.2f}, {result.stats['tokens_per_s']:.1f} tok/s "
+            f"(compile {result.stats['compile_s']:.1f} s), stop: {result.stop_reasons[0]}"
+        )
     return [{"tokens": out, **{k: v for k, v in result.stats.items() if k != "accepted"}}]
 
 
