@@ -13,8 +13,6 @@ token's arithmetic is the same whatever the window length. No gradient: decoding
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,14 +22,13 @@ from mtpspec.kernels import library
 TARGET = "mtpspec_cpu_gdn"
 
 
-@functools.cache
+_TARGET = library.Target(TARGET, "MtpspecCpuGdn", "GDN method 'ffi' needs the C++ CPU kernels")
+
+
 def status() -> tuple[bool, str]:
-    """(available, reason), registering the FFI target on first success."""
-    ok, why = library.status()
-    if ok:
-        lib = library.handle()
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuGdn), platform="cpu")
-    return ok, why
+    """(available, reason): the kernel library is built, the CPU has AVX2 + FMA, and the FFI
+    target is registered with XLA's CPU platform (on first success)."""
+    return _TARGET.status()
 
 
 def available() -> bool:
@@ -40,9 +37,7 @@ def available() -> bool:
 
 def require() -> None:
     """Raise OSError saying why the kernel cannot be used."""
-    ok, why = status()
-    if not ok:
-        raise OSError(f"GDN method 'ffi' needs the C++ CPU kernels, but {why}")
+    library.raise_unless(status(), _TARGET.needed_by)
 
 
 def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):

@@ -12,7 +12,6 @@ multiply-adds is shared with one helper thread of XLA's intra-op pool (``THREADS
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -28,15 +27,13 @@ THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
 SHARED_MAX_ROWS = 8  # calls with more rows run on the caller alone (see apply)
 
 
-@functools.cache
+_TARGET = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
+
+
 def status() -> tuple[bool, str]:
     """(available, reason): the kernel library is built, the CPU has AVX2 + FMA, and the FFI
-    target is registered with XLA's CPU platform."""
-    ok, why = library.status()
-    if ok:
-        lib = library.handle()
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.MtpspecCpuLinear), platform="cpu")
-    return ok, why
+    target is registered with XLA's CPU platform (on first success)."""
+    return _TARGET.status()
 
 
 def available() -> bool:
@@ -45,9 +42,7 @@ def available() -> bool:
 
 def require() -> None:
     """Raise OSError saying why the kernel cannot be used."""
-    ok, why = status()
-    if not ok:
-        raise OSError(f"linear='ffi' needs the C++ CPU linear kernel, but {why}")
+    library.raise_unless(status(), _TARGET.needed_by)
 
 
 def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:

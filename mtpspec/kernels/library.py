@@ -42,3 +42,30 @@ def handle() -> ctypes.CDLL:
     if lib is None:
         raise OSError(why)
     return lib
+
+
+class Target:
+    """One FFI handler of the library: registered with XLA's CPU platform the first time its
+    status is asked for and the library is available."""
+
+    def __init__(self, name: str, symbol: str, needed_by: str):
+        self.name, self.symbol, self.needed_by = name, symbol, needed_by
+        self._status: tuple[bool, str] | None = None
+
+    def status(self) -> tuple[bool, str]:
+        if self._status is None:
+            ok, why = status()
+            if ok:
+                import jax
+
+                capsule = jax.ffi.pycapsule(getattr(handle(), self.symbol))
+                jax.ffi.register_ffi_target(self.name, capsule, platform="cpu")
+            self._status = (ok, why)
+        return self._status
+
+
+def raise_unless(status_: tuple[bool, str], needed_by: str) -> None:
+    """OSError saying why a kernel cannot be used (``status_`` from its ``status()``)."""
+    ok, why = status_
+    if not ok:
+        raise OSError(f"{needed_by}, but {why}")
