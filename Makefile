@@ -35,8 +35,12 @@ format: $(STAMP)
 MTPSPEC_TEST_JAX_CACHE ?= off
 export MTPSPEC_TEST_JAX_CACHE
 
+# A test whose xdist worker dies (SIGSEGV / SIGABRT inside XLA's CPU compiler, 3 times in about
+# ten full runs, never reproduced alone; BUILD_NOTES.md 2026-12-01 and 2026-12-02) is run once
+# more in a fresh worker; only crashes are, never assertion failures, and the summary line counts
+# every rerun ("N rerun"), so a crash stays visible.
 test: lint
-	$(BIN)/python -m pytest -n 2 -q tests
+	$(BIN)/python -m pytest -n 2 -q --reruns 1 --only-rerun "crashed" tests
 
 # Optional: the transformers side of the HF export (tests/hf, skipped by `make test`). Its own venv
 # with the hf extra; torch is pinned to the 2.13.0 CPU wheel this machine keeps on local disk
