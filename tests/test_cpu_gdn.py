@@ -94,7 +94,7 @@ def test_auto_picks_the_kernel_only_for_decoding_windows(caplog):
 def test_explicit_ffi_is_refused_where_it_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="device mesh"):
         ops.gdn_method_for("ffi", 3, sharded=True)
-    monkeypatch.setattr(cpu_gdn, "status", lambda: (False, "no library here"))
+    monkeypatch.setattr(cpu_gdn.KERNEL, "status", lambda: (False, "no library here"))
     with pytest.raises(OSError, match="no library here"):
         ops.gdn_method_for("ffi", 3)
     inputs = random_gdn_inputs(0, 1, 3, 1, 1, 4, 4)
@@ -129,7 +129,7 @@ def test_decoding_without_the_kernel_gives_the_same_tokens(model, monkeypatch):
     prompts = [[4, 4, 2, 9, 4, 4, 2]]
     spec = decoding.SpecConfig("ngram", 2)
     with_kernel = mtpspec.generate(config, params, prompts, max_new_tokens=12, speculative=spec)
-    monkeypatch.setattr(cpu_gdn, "status", lambda: (False, "not built"))
+    monkeypatch.setattr(cpu_gdn.KERNEL, "status", lambda: (False, "not built"))
     without = mtpspec.generate(config, params, prompts, max_new_tokens=12, speculative=spec)
     assert without.tokens == with_kernel.tokens
     with pytest.raises(OSError, match="not built"):

@@ -110,7 +110,7 @@ def test_resolve_linear_rules():
 
 
 def test_explicit_ffi_without_the_kernel_raises(monkeypatch):
-    monkeypatch.setattr(cpu_linear, "status", lambda: (False, "it is not built (test)"))
+    monkeypatch.setattr(cpu_linear.KERNEL, "status", lambda: (False, "it is not built (test)"))
     with pytest.raises(OSError, match="not built"):
         resolve_linear("ffi")
     assert resolve_linear("auto") == "xla"

@@ -22,22 +22,12 @@ from mtpspec.kernels import library
 TARGET = "mtpspec_cpu_gdn"
 
 
-_TARGET = library.Target(TARGET, "MtpspecCpuGdn", "GDN method 'ffi' needs the C++ CPU kernels")
+KERNEL = library.Target(TARGET, "MtpspecCpuGdn", "GDN method 'ffi' needs the C++ CPU kernels")
+available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
 
 
 def status() -> tuple[bool, str]:
-    """(available, reason): the kernel library is built, the CPU has AVX2 + FMA, and the FFI
-    target is registered with XLA's CPU platform (on first success)."""
-    return _TARGET.status()
-
-
-def available() -> bool:
-    return status()[0]
-
-
-def require() -> None:
-    """Raise OSError saying why the kernel cannot be used."""
-    library.raise_unless(status(), _TARGET.needed_by)
+    return KERNEL.status()
 
 
 def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):

@@ -27,22 +27,12 @@ THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
 SHARED_MAX_ROWS = 8  # calls with more rows run on the caller alone (see apply)
 
 
-_TARGET = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
+KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
+available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
 
 
 def status() -> tuple[bool, str]:
-    """(available, reason): the kernel library is built, the CPU has AVX2 + FMA, and the FFI
-    target is registered with XLA's CPU platform (on first success)."""
-    return _TARGET.status()
-
-
-def available() -> bool:
-    return status()[0]
-
-
-def require() -> None:
-    """Raise OSError saying why the kernel cannot be used."""
-    library.raise_unless(status(), _TARGET.needed_by)
+    return KERNEL.status()
 
 
 def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:

@@ -46,7 +46,9 @@ def handle() -> ctypes.CDLL:
 
 class Target:
     """One FFI handler of the library: registered with XLA's CPU platform the first time its
-    status is asked for and the library is available."""
+    status is asked for and the library is available. ``status()`` is (available, reason): the
+    library is built, the CPU has AVX2 + FMA, and the target is registered; ``available()`` and
+    ``require()`` ask it (patch ``status`` on the instance to simulate a missing kernel)."""
 
     def __init__(self, name: str, symbol: str, needed_by: str):
         self.name, self.symbol, self.needed_by = name, symbol, needed_by
@@ -63,9 +65,11 @@ class Target:
             self._status = (ok, why)
         return self._status
 
+    def available(self) -> bool:
+        return self.status()[0]
 
-def raise_unless(status_: tuple[bool, str], needed_by: str) -> None:
-    """OSError saying why a kernel cannot be used (``status_`` from its ``status()``)."""
-    ok, why = status_
-    if not ok:
-        raise OSError(f"{needed_by}, but {why}")
+    def require(self) -> None:
+        """Raise OSError saying why the kernel cannot be used."""
+        ok, why = self.status()
+        if not ok:
+            raise OSError(f"{self.needed_by}, but {why}")
