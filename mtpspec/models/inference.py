@@ -193,50 +193,40 @@ def check_finite(params) -> None:
             raise ValueError(f"parameter {jax.tree_util.keystr(path)} holds NaN or infinite values")
 
 
-_FINITE_SEEN: collections.OrderedDict = collections.OrderedDict()
-
-
-def check_finite_once(params, size: int = 4) -> None:
-    """``check_finite``, skipped for a tree whose jax-array leaves (by identity) passed it among
-    the last ``size`` trees checked (jax arrays are immutable; the leaves are held so their ids
-    stay unique). Trees with numpy leaves are checked every time."""
-    leaves = jax.tree_util.tree_leaves(params)
-    if not all(isinstance(x, jax.Array) for x in leaves):
-        check_finite(params)
-        return
-    key = tuple(id(x) for x in leaves)
-    if key in _FINITE_SEEN:
-        _FINITE_SEEN.move_to_end(key)
-        return
-    check_finite(params)
-    _FINITE_SEEN[key] = leaves
-    while len(_FINITE_SEEN) > size:
-        _FINITE_SEEN.popitem(last=False)
-
-
 class _Memo:
-    """The last few (canonical tree -> inference tree) results, keyed by the identity of every
-    leaf (jax arrays are immutable, and the canonical leaves are held so their ids stay unique);
-    trees with mutable (numpy) leaves are converted afresh on every call."""
+    """The last few results computed from a parameter tree, keyed by a tag and the identity of
+    every leaf (jax arrays are immutable, and the leaves are held so their ids stay unique);
+    trees with mutable (numpy) leaves are computed afresh on every call."""
 
     def __init__(self, size: int = 4):
         self.size = size
         self.entries: collections.OrderedDict = collections.OrderedDict()
 
-    def get(self, config: ModelConfig, params, impl: str):
+    def cached(self, tag, params, compute):
+        """``compute()``, or its result for the same tag and leaves among the last ``size``."""
         leaves = jax.tree_util.tree_leaves(params)
         if not all(isinstance(x, jax.Array) for x in leaves):
-            return inference_params(config, params, impl)
-        key = (config, impl, tuple(id(x) for x in leaves))
+            return compute()
+        key = (tag, tuple(id(x) for x in leaves))
         hit = self.entries.get(key)
         if hit is not None:
             self.entries.move_to_end(key)
             return hit[1]
-        result = inference_params(config, params, impl)
+        result = compute()
         self.entries[key] = (leaves, result)
         while len(self.entries) > self.size:
             self.entries.popitem(last=False)
         return result
+
+    def get(self, config: ModelConfig, params, impl: str):
+        """The inference tree of ``params`` (``inference_params``), memoised."""
+        return self.cached((config, impl), params, lambda: inference_params(config, params, impl))
+
+
+def check_finite_once(params) -> None:
+    """``check_finite``, skipped for a tree whose jax-array leaves (by identity) passed it
+    recently (``MEMO``); trees with numpy leaves are checked every time."""
+    MEMO.cached("finite", params, lambda: check_finite(params))
 
 
 MEMO = _Memo()
