@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec import decoding, ops
+from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
 from mtpspec.config import FULL, ModelConfig
 from mtpspec.decoding import stages
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.decoding.host import window_gdn_method
 from mtpspec.decoding.proposers import Committed
 from mtpspec.models import layers
 from mtpspec.models.decoder import lm_logits
@@ -199,11 +200,6 @@ def piece_costs(
 PIECES = ("attention", "gdn", "mlp", "lm_head")
 
 
-def _method_for(config, t, mesh):  # the GDN form decoding.prepare picks for a t-token window
-    state = config.linear_key_head_dim * config.linear_value_head_dim
-    return ops.gdn_method_for("auto", t, sharded=mesh is not None, native=True, head_state=state)
-
-
 def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     """Loop jobs for a t-token window of the prepared call's post-prefill state: the whole target
     window ("model") and, with ``pieces``, every mixer, every MLP and the LM head."""
@@ -214,7 +210,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     state, b = carry.state, carry.pending.shape[0]
     x = jnp.full((b, t, config.hidden_size), 0.1, jnp.float32)
     start, valid = state.lengths, jnp.full((b,), t, jnp.int32)
-    method = _method_for(config, t, s.mesh)
+    method = window_gdn_method(config, "auto", t, sharded=s.mesh is not None)  # as prepare
     jobs = {}
     attn = [i for i, lt in enumerate(config.layer_types) if lt == FULL]
     gdn = [i for i, lt in enumerate(config.layer_types) if lt != FULL]

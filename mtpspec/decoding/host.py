@@ -153,6 +153,13 @@ def _check_capacity_arg(capacity, longest: int) -> int:
     return capacity
 
 
+def window_gdn_method(config: ModelConfig, method: str, t: int, *, sharded: bool) -> str:
+    """The GDN form a t-token decoding window runs (``ops.gdn_method_for`` as decoding asks it:
+    the native kernel allowed, for this model's head size)."""
+    state = config.linear_key_head_dim * config.linear_value_head_dim
+    return ops.gdn_method_for(method, t, sharded=sharded, native=True, head_state=state)
+
+
 def prepare(
     config,
     params,
@@ -177,12 +184,8 @@ def prepare(
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
-    verify_method = ops.gdn_method_for(
-        speculative.verify_method if speculative else "auto",
-        k + 1,
-        sharded=sharded,
-        native=True,
-        head_state=config.linear_key_head_dim * config.linear_value_head_dim,
+    verify_method = window_gdn_method(
+        config, speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
     )
     key = ProgramKey(
         config=config,
