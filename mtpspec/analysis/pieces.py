@@ -121,7 +121,7 @@ def _draft_job(prep, k, iters) -> Callable[[], None]:
     verified = jax.jit(lambda prm, st, t: stages.verify(s, prm, st, t[:, 0], t[:, 1:], active))(
         params, carry.state, window
     )
-    key = jax.random.key(0)
+    key = carry.draws  # greedy here: the proposer draws nothing
 
     def body(x, c):
         prm, pprm, hidden = x

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import jax
@@ -16,7 +16,6 @@ from mtpspec import sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import host, program
 from mtpspec.decoding.program import CACHE, Carry, ProgramKey
-from mtpspec.decoding.sampling import Sampling, check_seed
 from mtpspec.decoding.spec import SpecConfig
 from mtpspec.decoding.stages import RUNNING, STOP_NAMES
 from mtpspec.decoding.stats import result_stats
@@ -26,14 +25,18 @@ class GenerateResult(NamedTuple):
     tokens: list[list[int]]  # emitted ids per prompt (eos included when hit)
     stop_reasons: list[str]  # "eos" | "length" | "capacity" per prompt
     stats: dict  # acceptance and timing figures (see ``generate``)
+    # with return_logprobs=True: per prompt, log p(token) of each emitted token under the target
+    # model's own next-token distribution (log softmax of its logits: temperature 1, no filters)
+    logprobs: list[list[float]] | None = None
 
 
 class Prepared(NamedTuple):
     """A checked decoding call with its arguments on the device(s).
 
     ``key`` selects the compiled program; ``args`` = (params, proposer params, prompts, lengths,
-    max_new, eos, rng key); ``n`` real sequences (the rest pads the batch to the mesh's data
-    axis); ``max_new_tokens`` as asked (the program's buffer is its bucket)."""
+    max_new, eos ids, draws: per-row keys and sampling settings); ``n`` real sequences (the rest
+    pads the batch to the mesh's data axis); ``max_new_tokens`` as asked (the program's buffer is
+    its bucket)."""
 
     key: ProgramKey
     args: tuple
@@ -65,11 +68,13 @@ def prepare(
     *,
     max_new_tokens: int,
     speculative: SpecConfig | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    eos_id: int | None = None,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    min_p: float | Sequence[float] = 0.0,
+    seed: int | Sequence[int] = 0,
+    eos_id: int | Sequence[int] | None = None,
+    return_logprobs: bool = False,
     mesh=None,
     capacity: int | None = None,
     linear: str = "auto",
@@ -80,9 +85,17 @@ def prepare(
 
     max_new_tokens  tokens to emit per prompt (0: nothing runs)
     speculative     None (plain decoding) or a ``SpecConfig`` (proposer, k, commit strategy)
-    temperature, top_k, top_p   sampling (temperature 0: greedy; filters apply identically to
-                    target and draft distributions); ``seed`` for the sampling keys
-    eos_id          stop a sequence at this token (included in its output)
+    temperature, top_k, top_p, min_p
+                    sampling, each one value or one per prompt (temperature 0: greedy; top_k 0,
+                    top_p 1, min_p 0: off; applied in that order, identically to target and
+                    draft distributions). They are arrays in the compiled program: changing
+                    them never recompiles (only all-greedy vs. not selects another program).
+    seed            one int s (prompt i draws with seed s + i) or one int per prompt; a row's
+                    draws depend only on its own seed and settings, not on its batch mates
+    eos_id          stop a sequence at this token or at the first of these tokens (included in
+                    its output, as transformers does); None: only max_new_tokens stops
+    return_logprobs also return each emitted token's log-probability under the target model's
+                    own distribution (log softmax of its logits, temperature 1, unfiltered)
     mesh            a (data, model) ``jax.sharding.Mesh`` to shard over (``mtpspec.sharding``)
     capacity        KV slots per sequence (default ``default_capacity``: prompt bucket + output
                     bucket + one verify window)
@@ -91,10 +104,9 @@ def prepare(
                     XLA's dots; both on projections fused at load. "auto" picks "ffi" on CPU when
                     the kernel is built (and logs its choice); under a mesh only "xla" runs.
     """
-    seed = check_seed(seed)
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # NumPy ints too
-    sampling = Sampling(temperature, top_k, top_p)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
     key, arrays = host.prepare(
         config,
         params,
@@ -106,9 +118,10 @@ def prepare(
         mesh,
         capacity,
         linear,
+        return_logprobs,
     )
     pparams = key.proposer.device_params(speculative) if key.proposer is not None else None
-    args = host.device_args(key, params, pparams, arrays, seed)
+    args = host.device_args(key, params, pparams, arrays)
     return Prepared(key, args, len(prompts), max_new_tokens)
 
 
@@ -116,8 +129,8 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
     """Plain or speculative decoding of a ragged batch, prefill + loop in one jitted program.
 
     Keyword arguments (``prepare`` documents each): ``max_new_tokens`` (required),
-    ``speculative``, ``temperature``, ``top_k``, ``top_p``, ``seed``, ``eos_id``, ``mesh``,
-    ``capacity``, ``linear``.
+    ``speculative``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``eos_id``,
+    ``return_logprobs``, ``mesh``, ``capacity``, ``linear``.
 
     ``result.stats``: ``steps`` (verify steps per sequence), ``accepted`` (per sequence, per
     step: drafts accepted, −1 when inactive), ``tau`` (emitted tokens per verify step, prefill
@@ -130,19 +143,25 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
     b = prepared.n
     if prepared.max_new_tokens == 0:  # nothing to run; the same statistics, empty
         stats = result_stats(np.zeros((0, b), np.int32), np.zeros(b), prepared.key.k, 0.0, 0.0)
-        return GenerateResult([[] for _ in range(b)], ["length"] * b, stats)
+        empty = [[] for _ in range(b)]
+        logprobs = [[] for _ in range(b)] if prepared.key.logprobs else None
+        return GenerateResult(empty, ["length"] * b, stats, logprobs)
     t0 = time.perf_counter()
     compiled, fresh = prepared.compiled()
     compile_s = time.perf_counter() - t0 if fresh else 0.0
     t0 = time.perf_counter()
-    out, count, stop, accepts, steps = jax.block_until_ready(compiled(*prepared.args))
+    out, count, stop, accepts, steps, logp = jax.block_until_ready(compiled(*prepared.args))
     run_s = time.perf_counter() - t0
     host_ = sharding.to_host
     out, count, stop = host_(out)[:b], host_(count)[:b], host_(stop)[:b]
     accepts = host_(accepts)[: int(host_(steps)), :b]
     tokens = [out[i, : count[i]].tolist() for i in range(b)]
+    logprobs = None
+    if prepared.key.logprobs:
+        logp = host_(logp)[:b]
+        logprobs = [logp[i, : count[i]].tolist() for i in range(b)]
     stats = result_stats(accepts, count, prepared.key.k, compile_s, run_s)
-    return GenerateResult(tokens, [STOP_NAMES[int(c)] for c in stop], stats)
+    return GenerateResult(tokens, [STOP_NAMES[int(c)] for c in stop], stats, logprobs)
 
 
 def generate_stream(

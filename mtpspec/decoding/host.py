@@ -20,7 +20,15 @@ from mtpspec import ops, sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import proposers
 from mtpspec.decoding.program import ProgramKey
-from mtpspec.decoding.sampling import Sampling, check_sampling_args, seed_key
+from mtpspec.decoding.sampling import (
+    Draws,
+    Knobs,
+    Sampling,
+    check_seeds,
+    knobs_for,
+    pad_knobs,
+    seed_keys,
+)
 from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
 from mtpspec.models import inference
 from mtpspec.models.inference import resolve_linear
@@ -70,10 +78,41 @@ class HostArrays(NamedTuple):
     tokens: np.ndarray  # [b, p_pad] int32 right-padded prompts (b padded to the data axis)
     lengths: np.ndarray  # [b] int32
     max_new: np.ndarray  # [b] int32
-    eos: np.ndarray  # [] int32 (−1: none)
+    eos: np.ndarray  # [E] int32 stop ids (−1 pads; E a multiple of EOS_SLOTS)
+    knobs: Knobs  # [b] per-row sampling settings
+    seeds: list[int]  # [b] one seed per row
 
 
-def _check_call(config, params, max_new_tokens, speculative, eos_id) -> None:
+EOS_SLOTS = 8  # EOS lists are padded to a multiple of this (one compile per bucket)
+
+
+def check_eos(config: ModelConfig, eos_id) -> list[int]:
+    """None, one id or a sequence of ids, each in the vocabulary, as a list (duplicates
+    removed)."""
+    if eos_id is None:
+        return []
+    ids = eos_id
+    if isinstance(eos_id, np.ndarray | jax.Array):
+        ids = np.asarray(eos_id).reshape(-1).tolist() if np.asarray(eos_id).ndim <= 1 else None
+    elif not isinstance(eos_id, Sequence) or isinstance(eos_id, str | bytes):
+        ids = [eos_id]
+    if ids is None or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool | np.bool_) for i in ids
+    ):
+        raise ValueError(
+            "eos_id must be None, a token id or a sequence of token ids in "
+            f"[0, {config.vocab_size}), got {eos_id!r}"
+        )
+    bad = [int(i) for i in ids if not 0 <= int(i) < config.vocab_size]
+    if bad:
+        raise ValueError(
+            f"eos_id holds {bad[0]}, outside the vocabulary [0, {config.vocab_size}) "
+            f"(got {eos_id!r})"
+        )
+    return list(dict.fromkeys(int(i) for i in ids))
+
+
+def _check_call(config, params, max_new_tokens, speculative) -> None:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     check_param_tree(config, params, allow_missing_mtp=True)
@@ -92,14 +131,6 @@ def _check_call(config, params, max_new_tokens, speculative, eos_id) -> None:
         )
     if speculative is not None:
         speculative.validate(config, params)
-    if eos_id is not None and (
-        isinstance(eos_id, bool)
-        or not isinstance(eos_id, int)
-        or not 0 <= eos_id < config.vocab_size
-    ):
-        raise ValueError(
-            f"eos_id must be None or a token id in [0, {config.vocab_size}), got {eos_id!r}"
-        )
 
 
 MAX_POSITIONS = 2**31 - 1 - 2 * BUCKET  # int32 positions, with room for padding and a window
@@ -166,17 +197,24 @@ def prepare(
     prompts,
     max_new_tokens,
     speculative,
-    sampling: Sampling,
+    sampling: dict,
     eos_id,
     mesh,
     capacity,
     linear="auto",
+    logprobs=False,
 ) -> tuple[ProgramKey, HostArrays]:
-    """Every check, then (program key, host arrays). Raises ValueError / TypeError before any
+    """Every check, then (program key, host arrays). ``sampling``: temperature, top_k, top_p,
+    min_p (each one value or one per prompt) and seed. Raises ValueError / TypeError before any
     device work."""
-    _check_call(config, params, max_new_tokens, speculative, eos_id)
+    _check_call(config, params, max_new_tokens, speculative)
     prompts = check_prompts(config, prompts)
-    check_sampling_args(sampling.temperature, sampling.top_k, sampling.top_p)
+    eos_ids = check_eos(config, eos_id)
+    if not isinstance(logprobs, bool):
+        raise TypeError(f"return_logprobs must be a bool, got {type(logprobs).__name__}")
+    sampling = dict(sampling)
+    seeds = check_seeds(sampling.pop("seed"), len(prompts))
+    knobs, greedy = knobs_for(len(prompts), **sampling)
     k = speculative.num_draft if speculative else 0
     longest = max(len(p) for p in prompts)
     p_pad = round_up(longest, BUCKET)
@@ -194,13 +232,14 @@ def prepare(
         commit=speculative.commit if speculative else DEFAULT_COMMIT,
         verify_method=verify_method,
         prefill_method=ops.gdn_method_for("auto", p_pad, sharded=sharded),
-        sampling=Sampling(float(sampling.temperature), int(sampling.top_k), float(sampling.top_p)),
+        sampling=Sampling(greedy=greedy),
         capacity=default_capacity(longest, max_new_tokens, k)
         if capacity is None
         else _check_capacity_arg(capacity, longest),
         out_size=round_up(max(max_new_tokens, 1), BUCKET),
         mesh=mesh,
         linear=linear,
+        logprobs=logprobs,
     )
     b = len(prompts)
     check_memory(config, b, key.capacity, key.out_size, mesh)
@@ -213,17 +252,22 @@ def prepare(
     lengths[: len(prompts)] = [len(p) for p in prompts]
     max_new = np.ones((b,), np.int32)  # a dummy row stops right after its prefill token
     max_new[: len(prompts)] = max_new_tokens
-    eos = np.int32(-1 if eos_id is None else eos_id)
-    return key, HostArrays(tokens, lengths, max_new, eos)
+    eos = np.full(round_up(max(len(eos_ids), 1), EOS_SLOTS), -1, np.int32)
+    eos[: len(eos_ids)] = eos_ids
+    seeds = seeds + [0] * (b - len(seeds))
+    return key, HostArrays(tokens, lengths, max_new, eos, pad_knobs(knobs, b), seeds)
 
 
-def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -> tuple:
-    """(params, pparams, tokens, lengths, max_new, eos, key) on the device(s): under a mesh the
+def device_args(s: ProgramKey, params, pparams, arrays: HostArrays) -> tuple:
+    """(params, pparams, tokens, lengths, max_new, eos, draws) on the device(s): under a mesh the
     weights are placed by the sharding rules (already-placed leaves are kept) and the
     per-sequence arrays split on ``data``."""
+    keys = seed_keys(arrays.seeds)
     if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
         params = inference.MEMO.get(s.config, params, s.linear)
-        return (params, pparams, *(jnp.asarray(a) for a in arrays), seed_key(seed))
+        draws = Draws(keys, Knobs(*(jnp.asarray(x) for x in arrays.knobs)))
+        plain = (arrays.tokens, arrays.lengths, arrays.max_new, arrays.eos)
+        return (params, pparams, *(jnp.asarray(a) for a in plain), draws)
     mesh = s.mesh
     params = sharding.shard_params(s.config, params, mesh)
     if pparams is not None:
@@ -233,7 +277,8 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -
         return sharding.place_host_array(x, sharding.batch_sharding(mesh, x.ndim))
 
     replicated = NamedSharding(mesh, P())
-    key_data = np.asarray(jax.random.key_data(seed_key(seed)))
+    key_data = np.asarray(jax.random.key_data(keys))
+    draws = Draws(jax.random.wrap_key_data(rows(key_data)), Knobs(*(rows(x) for x in arrays.knobs)))
     return (
         params,
         pparams,
@@ -241,5 +286,5 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays, seed: int) -
         rows(arrays.lengths),
         rows(arrays.max_new),
         sharding.place_host_array(np.asarray(arrays.eos), replicated),
-        jax.random.wrap_key_data(sharding.place_host_array(key_data, replicated)),
+        draws,
     )

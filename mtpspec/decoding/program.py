@@ -5,9 +5,10 @@ The decode state always holds every emitted token except the last (the *pending*
 decoding is the same loop with k = 0 (window = [pending], no proposer).
 
 Static (the ``ProgramKey``; one compile each): model config, k, proposer (with its static
-options), commit strategy, the GDN forms of verify and prefill, sampling settings, capacity,
-output buffer size and the mesh. Everything per sequence (prompt lengths, max_new_tokens,
-accepted counts, stops) travels as arrays and masks.
+options), commit strategy, the GDN forms of verify and prefill, whether every row is greedy,
+whether log-probabilities are kept, capacity, output buffer size and the mesh. Everything per
+sequence (prompt lengths, max_new_tokens, EOS ids, sampling settings and keys, accepted counts,
+stops) travels as arrays and masks.
 
 Compiled programs are kept in a bounded LRU cache (``ProgramCache``) keyed on (ProgramKey, the
 param tree's structure, the shape and dtype of every argument).
@@ -27,14 +28,14 @@ from mtpspec import sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import stages
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
-from mtpspec.decoding.sampling import Sampling
+from mtpspec.decoding.sampling import Draws, Sampling
 from mtpspec.decoding.stages import RUNNING, STOP_EOS, STOP_LENGTH
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
 
-# Salts of the per-purpose keys: fold_in(key, FIRST_TOKEN) for the prefill token,
-# fold_in(key, PROPOSER_INIT) for the proposer's init; inside step i, fold_in(fold_in(key, i), salt)
-# with ACCEPT / PROPOSE / UPDATE.
+# Salts of the per-purpose keys (each row folds its own key, ``Draws.fold``): FIRST_TOKEN for the
+# prefill token, PROPOSER_INIT for the proposer's init; inside step i, fold(i) then ACCEPT /
+# PROPOSE / UPDATE.
 FIRST_TOKEN, PROPOSER_INIT = 2**30, 2**30 + 1
 ACCEPT, PROPOSE, UPDATE = 0, 1, 2
 
@@ -48,11 +49,12 @@ class ProgramKey(NamedTuple):
     commit: str
     verify_method: str  # GDN form of the verify window
     prefill_method: str  # GDN form of the prefill
-    sampling: Sampling
+    sampling: Sampling  # static mode only (greedy or not); the settings are per-row arrays
     capacity: int  # KV slots per sequence
     out_size: int  # output buffer per sequence (max_new_tokens bucket)
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
     linear: str = "xla"  # resolved linear implementation of the inference tree (models/inference)
+    logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
 
 
 class Carry(NamedTuple):
@@ -64,7 +66,8 @@ class Carry(NamedTuple):
     stop: jax.Array  # [b] RUNNING or a stop code
     accepts: jax.Array  # [out_size, b] accepted drafts per step (−1: not active)
     step: jax.Array  # []
-    key: jax.Array
+    draws: Draws  # per-row keys and sampling settings
+    logp: jax.Array  # [b, out_size] f32 log-probability of each emitted token ([b, 0] when off)
 
 
 def _constrain(s: ProgramKey, c: Carry) -> Carry:
@@ -85,26 +88,34 @@ def _constrain(s: ProgramKey, c: Carry) -> Carry:
         count=rows(c.count),
         stop=rows(c.stop),
         accepts=jax.lax.with_sharding_constraint(c.accepts, NamedSharding(s.mesh, P(None, "data"))),
+        draws=jax.tree.map(rows, c.draws),
+        logp=rows(c.logp),
     )
 
 
-def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, key) -> Carry:
+def _token_logp(logits, tokens):
+    """log softmax(logits)[token]: the model's own distribution (temperature 1, unfiltered)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws) -> Carry:
     """Prompt forward, the first token, the proposer's init."""
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
     out = window_step_impl(s.config, params, state, prompts, lengths, s.prefill_method)
     last_logits = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-    first = s.sampling.select(
-        last_logits, jax.random.fold_in(jax.random.fold_in(key, FIRST_TOKEN), 0)
-    )
+    first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
     state, pstate = out.state, None
     if s.proposer is not None:
         pre = Prefilled(prompts, lengths, first, out.hidden, state)
-        pstate, state = s.proposer.init(
-            s, params, pparams, pre, jax.random.fold_in(key, PROPOSER_INIT)
-        )
+        pstate, state = s.proposer.init(s, params, pparams, pre, draws.fold(PROPOSER_INIT))
     count = jnp.ones((b,), jnp.int32)
-    stop = jnp.where(first == eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
+    hit_eos = stages.is_eos(first, eos)
+    stop = jnp.where(hit_eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))
+    logp = jnp.zeros((b, s.out_size if s.logprobs else 0), jnp.float32)
+    if s.logprobs:
+        logp = logp.at[:, 0].set(_token_logp(last_logits, first))
     carry = Carry(
         state=state,
         pending=first,
@@ -114,7 +125,8 @@ def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, key)
         stop=stages.check_capacity(s, state.lengths, stop),
         accepts=jnp.full((s.out_size, b), -1, jnp.int32),
         step=jnp.int32(0),
-        key=key,
+        draws=draws,
+        logp=logp,
     )
     return _constrain(s, carry)
 
@@ -123,25 +135,28 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
     """One verify step: propose → verify → accept → commit → emit → update."""
     b = c.pending.shape[0]
     active = c.stop == RUNNING
-    step_key = jax.random.fold_in(c.key, c.step)
+    step_draws = c.draws.fold(c.step)
     proposal = None
     drafts = q = jnp.zeros((b, 0), jnp.int32)
     if s.proposer is not None:
-        key = jax.random.fold_in(step_key, PROPOSE)
-        proposal = s.proposer.propose(s, params, pparams, c.pstate, c.state, c.pending, active, key)
+        proposal = s.proposer.propose(
+            s, params, pparams, c.pstate, c.state, c.pending, active, step_draws.fold(PROPOSE)
+        )
         drafts, q = proposal.drafts, proposal.q
     verified = stages.verify(s, params, c.state, c.pending, drafts, active)
-    accepted, token = stages.accept(
-        s, jax.random.fold_in(step_key, ACCEPT), verified.logits, drafts, q
-    )
+    accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
     n = jnp.where(active, accepted + 1, 0)
     state = stages.commit(s, c.state, verified, n)
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
+    logp = c.logp
+    if s.logprobs:
+        logp = stages.write_rows(s, logp, _token_logp(verified.logits, em.tokens), em.index)
     pstate = c.pstate
     if s.proposer is not None:
         done = Committed(state, verified.hidden, em.tokens, n)
-        key = jax.random.fold_in(step_key, UPDATE)
-        pstate, state = s.proposer.update(s, params, pparams, c.pstate, proposal.scratch, done, key)
+        pstate, state = s.proposer.update(
+            s, params, pparams, c.pstate, proposal.scratch, done, step_draws.fold(UPDATE)
+        )
     carry = Carry(
         state=state,
         pending=jnp.where(active, token, c.pending),
@@ -151,20 +166,21 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         stop=stages.check_capacity(s, state.lengths, em.stop),
         accepts=c.accepts.at[c.step].set(jnp.where(active, accepted, -1)),
         step=c.step + 1,
-        key=c.key,
+        draws=c.draws,
+        logp=logp,
     )
     return _constrain(s, carry)
 
 
-def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, key):
-    """Prefill and the whole loop; returns (out, count, stop, accepts, steps)."""
-    carry = prefill(s, params, pparams, prompts, lengths, max_new, eos, key)
+def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws):
+    """Prefill and the whole loop; returns (out, count, stop, accepts, steps, logp)."""
+    carry = prefill(s, params, pparams, prompts, lengths, max_new, eos, draws)
 
     def cond(c):
         return (c.step < s.out_size) & jnp.any(c.stop == RUNNING)
 
     carry = jax.lax.while_loop(cond, lambda c: step(s, params, pparams, max_new, eos, c), carry)
-    return carry.out, carry.count, carry.stop, carry.accepts, carry.step
+    return carry.out, carry.count, carry.stop, carry.accepts, carry.step, carry.logp
 
 
 run_jit = jax.jit(run, static_argnums=0)

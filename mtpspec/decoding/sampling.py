@@ -1,39 +1,81 @@
-"""Token selection: greedy, and temperature / top-k / top-p sampling applied identically everywhere.
+"""Token selection: greedy, and temperature / top-k / top-p / min-p sampling applied identically
+everywhere (target, drafts, lossless verification).
 
-``Sampling`` holds ``temperature``, ``top_k``, ``top_p`` as static Python numbers (they pick the
-compiled program); keys are derived per step with ``fold_in`` so a seed reproduces a run.
+Only one thing is static (``Sampling.greedy``, part of the compiled program's key): whether every
+sequence decodes greedily, in which case the program is argmax only and draws nothing. Otherwise
+the settings travel as per-sequence arrays (``Knobs``), so a sweep over temperatures, top-k, top-p,
+min-p or seeds reuses one compiled program, and each row of a batch may use its own settings. A
+row with temperature 0 inside a sampled program is greedy exactly: its distribution is one-hot on
+the argmax, so drawing from it, and rejection sampling of drafts against it, give the argmax.
+
+Randomness is per sequence: row i draws from its own key (``seed_keys``), folded with the step
+and purpose (``Draws.fold``), so a row's output does not depend on the other rows of its batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _is_real(x) -> bool:  # Python and NumPy numbers, not bools
-    return isinstance(x, numbers.Real) and not isinstance(x, bool | jnp.bool_)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
 
 
-def check_sampling_args(temperature, top_k, top_p) -> None:
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool | np.bool_)
+
+
+def _per_row(name: str, value, n: int) -> list:
+    """A scalar (every row) or a sequence of exactly n values (one per prompt)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, Sequence | np.ndarray | jax.Array) and not isinstance(value, str):
+        values = list(np.asarray(value).tolist()) if not isinstance(value, Sequence) else value
+        if len(values) != n:
+            raise ValueError(
+                f"{name} has {len(values)} values but there are {n} prompts (give one value, "
+                "or one per prompt)"
+            )
+        return list(values)
+    return [value] * n
+
+
+def check_sampling_args(temperature, top_k, top_p, min_p=0.0) -> None:
     """Python or NumPy scalars; ValueError / TypeError naming the bad one."""
     if not _is_real(temperature):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
     if not float(temperature) >= 0.0 or float(temperature) == float("inf"):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
-    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 0:
+    if not _is_int(top_k) or top_k < 0:
         raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
     if not _is_real(top_p) or not 0.0 < float(top_p) <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not _is_real(min_p) or not 0.0 <= float(min_p) <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1] (0 = off), got {min_p!r}")
 
 
 def check_seed(seed) -> int:
     """An int seed (Python or NumPy, any size) as a Python int; TypeError otherwise."""
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+    if not _is_int(seed):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     return int(seed)
+
+
+def check_seeds(seed, n: int) -> list[int]:
+    """One seed per prompt: a list of n ints, or one int s meaning s, s + 1, ..., s + n − 1 (so
+    row i of a batch draws exactly as a single-prompt call with seed s + i)."""
+    if isinstance(seed, Sequence | np.ndarray) and not isinstance(seed, str):
+        seeds = _per_row("seed", seed, n)
+        return [check_seed(s) for s in seeds]
+    s = check_seed(seed)
+    return [s + i for i in range(n)]
 
 
 def seed_key(seed: int) -> jax.Array:
@@ -51,59 +93,154 @@ def seed_key(seed: int) -> jax.Array:
     return key
 
 
+_keys_of = jax.jit(jax.vmap(jax.random.key))
+
+
+def seed_keys(seeds: list[int]) -> jax.Array:
+    """``seed_key`` of each seed, as one key array [n] (vectorised when every seed is in
+    [0, 2³²), as in the usual case of a batch from one seed)."""
+    if all(0 <= s < 2**32 for s in seeds):
+        return _keys_of(np.asarray(seeds, np.uint32))
+    return jnp.stack([seed_key(s) for s in seeds])
+
+
+class Knobs(NamedTuple):
+    """Per-sequence sampling settings ([b] arrays; traced, so changing them never recompiles)."""
+
+    temperature: jax.Array  # f32; 0 = greedy for this row
+    top_k: jax.Array  # i32; 0 = off
+    top_p: jax.Array  # f32 in (0, 1]; 1 = off
+    min_p: jax.Array  # f32 in [0, 1]; 0 = off
+
+
+def knobs_for(n: int, temperature, top_k, top_p, min_p) -> tuple[Knobs, bool]:
+    """Checked host arrays for n prompts (each setting a scalar or one value per prompt), and
+    whether every row is greedy. ValueError / TypeError naming the bad setting and row."""
+    rows = [
+        _per_row(name, v, n)
+        for name, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
+    ] + [_per_row("min_p", min_p, n)]
+    for i, (t, k, p, m) in enumerate(zip(*rows, strict=True)):
+        try:
+            check_sampling_args(t, k, p, m)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (prompt {i})" if n > 1 else str(e)) from None
+    knobs = Knobs(
+        np.asarray(rows[0], np.float32),
+        np.asarray(rows[1], np.int32),
+        np.asarray(rows[2], np.float32),
+        np.asarray(rows[3], np.float32),
+    )
+    return knobs, bool(np.all(knobs.temperature == 0.0))
+
+
+def pad_knobs(knobs: Knobs, b: int) -> Knobs:
+    """Rows appended up to b (a mesh's padding rows): greedy, no filters."""
+    fill = (0.0, 0, 1.0, 0.0)
+    return Knobs(
+        *(
+            np.concatenate([x, np.full(b - len(x), f, x.dtype)])
+            for x, f in zip(knobs, fill, strict=True)
+        )
+    )
+
+
+def _fold_rows(keys, data):
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+
+
+class Draws(NamedTuple):
+    """Per-sequence randomness: a key per row and the row's settings. ``fold(i)`` derives the keys
+    of a sub-purpose (a step, a draft position) the way ``jax.random.fold_in`` does for one key."""
+
+    keys: jax.Array  # [b] typed PRNG keys
+    knobs: Knobs
+
+    def fold(self, data) -> Draws:
+        return Draws(_fold_rows(self.keys, data), self.knobs)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """The sampling settings of one program (temperature 0 = greedy)."""
+    """The static sampling mode of one program: ``greedy`` (argmax, nothing drawn) or sampled
+    (per-row ``Knobs``; rows with temperature 0 stay greedy exactly)."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+    greedy: bool = True
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    def select(self, logits: jax.Array, draws: Draws) -> jax.Array:
+        """Ids [b, ...] from logits [b, ..., V]: argmax when greedy, else one draw per row."""
+        if self.greedy:
+            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logp = filtered_log_probs(logits, *draws.knobs)
+        return _categorical_rows(draws.keys, logp)
 
-    def select(self, logits: jax.Array, key) -> jax.Array:
-        """Ids [...] from logits [..., V]: argmax when greedy, else a draw with ``key``."""
-        return select_tokens(logits, key, self.temperature, self.top_k, self.top_p)
-
-    def select_with_q(self, logits: jax.Array, key) -> tuple[jax.Array, jax.Array]:
-        """(ids, q) for a draft: q is the distribution the id was drawn from ([..., V]), which
+    def select_with_q(self, logits: jax.Array, draws: Draws) -> tuple[jax.Array, jax.Array]:
+        """(ids, q) for a draft: q is the distribution the id was drawn from ([b, ..., V]), which
         lossless verification needs; an empty last axis when greedy."""
-        return self.select(logits, key), draft_probs(
-            logits, self.temperature, self.top_k, self.top_p
-        )
+        if self.greedy:
+            return self.select(logits, draws), jnp.zeros(logits.shape[:-1] + (0,), jnp.float32)
+        logp = filtered_log_probs(logits, *draws.knobs)
+        return _categorical_rows(draws.keys, logp), jnp.exp(logp)
 
-    def accept(self, key, logits, drafts, q):
+    def accept(self, draws: Draws, logits, drafts, q):
         """Lossless rejection sampling of ``drafts`` (see ``speculative_accept``)."""
-        return speculative_accept(key, logits, drafts, q, self.temperature, self.top_k, self.top_p)
+        return speculative_accept(draws.keys, logits, drafts, q, *draws.knobs)
 
 
-def filtered_log_probs(logits: jax.Array, temperature: float, top_k: int, top_p: float):
-    """Log-probabilities [..., V] of the sampling distribution (−inf outside top-k / top-p).
+def _categorical_rows(keys, logp):
+    return jax.vmap(lambda k, lp: jax.random.categorical(k, lp, axis=-1))(keys, logp).astype(
+        jnp.int32
+    )
 
-    The logits are shifted by their maximum before the division, so a tiny temperature (1e-10)
-    cannot overflow to inf − inf = NaN: it tends to greedy (ties shared) as it should."""
+
+def _as_rows(value, ndim: int, dtype):
+    """A scalar, or a [b] array reshaped to [b, 1, ..., 1] (``ndim`` dims) to broadcast over
+    logits [b, ..., V]."""
+    v = jnp.asarray(value, dtype)
+    return v.reshape(v.shape + (1,) * (ndim - v.ndim)) if v.ndim else v
+
+
+def filtered_log_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """Log-probabilities [..., V] of the sampling distribution (−inf outside the filters).
+
+    Settings are scalars or per-row arrays [b] for logits [b, ..., V]. In order, as transformers
+    applies them: temperature (0: one-hot on the argmax, i.e. greedy), top-k (ties with the k-th
+    kept), top-p over the top-k renormalised, min-p (keep p ≥ min_p · p_max). The logits are
+    shifted by their maximum before the division, so a tiny temperature (1e-10) cannot overflow to
+    inf − inf = NaN: it tends to greedy (ties shared) as it should. One sort serves top-k and
+    top-p, and only runs when some row filters."""
     x = logits.astype(jnp.float32)
-    x = (x - jnp.max(x, axis=-1, keepdims=True)) / temperature
-    if top_k and top_k < x.shape[-1]:
-        kth = jax.lax.top_k(x, top_k)[0][..., -1:]
-        x = jnp.where(x >= kth, x, -jnp.inf)
-    if top_p < 1.0:
-        sorted_x = jnp.sort(x, axis=-1)[..., ::-1]
-        probs = jax.nn.softmax(sorted_x, axis=-1)
+    vocab, nd = x.shape[-1], x.ndim
+    t = _as_rows(temperature, nd, jnp.float32)
+    k = _as_rows(top_k, nd, jnp.int32)
+    p = _as_rows(top_p, nd, jnp.float32)
+    m = _as_rows(min_p, nd, jnp.float32)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, nd - 1)
+    greedy = t <= 0.0
+    z = (x - jnp.max(x, axis=-1, keepdims=True)) / jnp.where(greedy, 1.0, t)
+    one_hot = jnp.where(iota == jnp.argmax(x, axis=-1)[..., None], 0.0, -jnp.inf)
+    z = jnp.where(greedy, one_hot, z)
+    k_eff = jnp.where((k > 0) & (k < vocab), k, vocab)
+
+    def top_k_top_p(z):
+        desc = -jnp.sort(-z, axis=-1)
+        rank = jax.lax.broadcasted_iota(jnp.int32, desc.shape, nd - 1)
+        in_k = rank < k_eff
+        probs = jax.nn.softmax(jnp.where(in_k, desc, -jnp.inf), axis=-1)
         before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each candidate
-        keep_sorted = before < top_p  # always keeps the top one
-        threshold = jnp.min(jnp.where(keep_sorted, sorted_x, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x >= threshold, x, -jnp.inf)
-    return jax.nn.log_softmax(x, axis=-1)
+        keep = in_k & ((before < p) | (p >= 1.0))  # always keeps the top one
+        threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+        return jnp.where(z >= threshold, z, -jnp.inf)
+
+    filtering = jnp.any(k_eff < vocab) | jnp.any(p < 1.0)
+    z = jax.lax.cond(filtering, top_k_top_p, lambda z: z, z)
+    z = jnp.where(z >= jnp.log(m), z, -jnp.inf)  # the top token has z = 0 ≥ log(min_p)
+    return jax.nn.log_softmax(z, axis=-1)
 
 
-def select_tokens(logits: jax.Array, key, temperature: float, top_k: int, top_p: float):
-    """Greedy (temperature 0) or sampled ids [...] from logits [..., V]."""
-    if temperature == 0.0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logp = filtered_log_probs(logits, temperature, top_k, top_p)
+def select_tokens(logits: jax.Array, key, temperature, top_k=0, top_p=1.0, min_p=0.0):
+    """Greedy (temperature 0) or sampled ids [...] from logits [..., V] with one key."""
+    logp = filtered_log_probs(logits, temperature, top_k, top_p, min_p)
     return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
 
 
@@ -112,9 +249,10 @@ def speculative_accept(
     logits: jax.Array,  # [b, k + 1, V] target logits over the window
     drafts: jax.Array,  # [b, k] drafted ids
     q: jax.Array,  # [b, k, V] the proposer's probabilities the drafts were sampled from
-    temperature: float,
-    top_k: int,
-    top_p: float,
+    temperature,
+    top_k=0,
+    top_p=1.0,
+    min_p=0.0,
     *,
     residual: bool = True,
 ):
@@ -123,16 +261,19 @@ def speculative_accept(
     Draft d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)) (as u·q < p, no division);
     a = number of leading acceptances. At the first rejection the new token is drawn from
     normalize(max(0, p_a − q_a)); when all k are accepted, from p_k (the bonus). p and q use the
-    same temperature / top-k / top-p. Returns (a [b] int32, new token [b] int32).
+    same settings (scalars or per row). ``key``: one key, or one per row ([b]). Returns
+    (a [b] int32, new token [b] int32). A greedy row (temperature 0, q one-hot on its drafts)
+    accepts exactly the drafts equal to the argmax and then takes the argmax.
     ``residual=False`` resamples from p_a instead: a deliberately WRONG rule, kept only as the
     statistical test's negative control.
     """
     b, k = drafts.shape
-    p = jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p))  # [b, k + 1, V]
+    keys = key if key.ndim == 1 else jax.random.split(key, b)
+    p = jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))  # [b, k + 1, V]
     p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-    k_accept, k_sample = jax.random.split(key)
-    u = jax.random.uniform(k_accept, (b, k))
+    split = jax.vmap(jax.random.split)(keys)
+    u = jax.vmap(lambda kk: jax.random.uniform(kk, (k,)))(split[:, 0])
     accept = (u * q_d < p_d).astype(jnp.int32)
     a = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
     q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q_k = 0: bonus draws from p_k
@@ -140,12 +281,10 @@ def speculative_accept(
     q_a = jnp.take_along_axis(q_pad, a[:, None, None], axis=1)[:, 0]
     r = jnp.maximum(p_a - q_a, 0.0) if residual else p_a
     r = jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p_a)  # p == q exactly: never rejected
-    token = jax.random.categorical(k_sample, jnp.log(r), axis=-1).astype(jnp.int32)
+    token = _categorical_rows(split[:, 1], jnp.log(r))
     return a, token
 
 
-def draft_probs(logits: jax.Array, temperature: float, top_k: int, top_p: float) -> jax.Array:
-    """The proposer's q for sampled drafts ([..., V]); an empty last axis when greedy."""
-    if temperature == 0.0:
-        return jnp.zeros(logits.shape[:-1] + (0,), jnp.float32)
-    return jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p))
+def draft_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p=0.0) -> jax.Array:
+    """The proposer's q for sampled drafts ([..., V])."""
+    return jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))

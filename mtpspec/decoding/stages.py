@@ -35,11 +35,11 @@ def verify(s, params, state: DecodeState, pending, drafts, active) -> StepOutput
     return window_step_impl(s.config, params, state, window, valid, s.verify_method, keep_states)
 
 
-def accept(s, key, logits, drafts, q) -> tuple[jax.Array, jax.Array]:
+def accept(s, draws, logits, drafts, q) -> tuple[jax.Array, jax.Array]:
     """(a [b] accepted drafts, new token [b]) from the window's logits [b, k + 1, V]."""
     if s.k and not s.sampling.greedy:  # lossless rejection sampling
-        return s.sampling.accept(key, logits, drafts, q)
-    target = s.sampling.select(logits, key)  # [b, k + 1] (plain sampling when k = 0)
+        return s.sampling.accept(draws, logits, drafts, q)
+    target = s.sampling.select(logits, draws)  # [b, k + 1] (plain sampling when k = 0)
     same = (drafts == target[:, : s.k]).astype(jnp.int32)
     accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
     return accepted, jnp.take_along_axis(target, accepted[:, None], axis=1)[:, 0]
@@ -57,27 +57,40 @@ class Emitted(NamedTuple):
     count: jax.Array  # [b] tokens emitted so far
     stop: jax.Array  # [b] RUNNING or a stop code
     tokens: jax.Array  # [b, k + 1] d_1..d_a then the new token (the token after each window row)
+    index: jax.Array  # [b, k + 1] the output slot each written token went to (out_size: none)
+
+
+def is_eos(tokens, eos) -> jax.Array:
+    """tokens [...] int32 equal to any of the ids in ``eos`` [E] (−1 pads the list)."""
+    return jnp.any(tokens[..., None] == eos, axis=-1)
+
+
+def write_rows(s, buf, values, index):
+    """``buf`` [b, out_size] with ``values`` [b, k + 1] written at ``index`` (out of range:
+    dropped)."""
+    b = buf.shape[0]
+    return buf.at[jnp.arange(b)[:, None], index].set(values, mode="drop")
 
 
 def emit(s, out, count, stop, drafts, accepted, token, n, max_new, eos) -> Emitted:
-    """Write this step's n tokens (fewer at EOS — included — or at max_new_tokens)."""
-    b = out.shape[0]
+    """Write this step's n tokens (fewer at the first EOS id — included — or at
+    max_new_tokens)."""
     active = stop == RUNNING
     j = jnp.arange(s.k + 1)[None, :]
     tokens = jnp.where(
         j < accepted[:, None], jnp.concatenate([drafts, token[:, None]], axis=1), token[:, None]
     )
-    is_eos = (tokens == eos) & (j < n[:, None])
-    first_eos = jnp.min(jnp.where(is_eos, j, s.k + 1), axis=1)
+    hits = is_eos(tokens, eos) & (j < n[:, None])
+    first_eos = jnp.min(jnp.where(hits, j, s.k + 1), axis=1)
     hit_eos = first_eos <= s.k
     m = jnp.where(hit_eos, first_eos + 1, n)
     room = max_new - count
     hit_len = m >= room
     m = jnp.minimum(m, room)
     idx = jnp.where(j < m[:, None], count[:, None] + j, s.out_size)  # out of range = dropped
-    out = out.at[jnp.arange(b)[:, None], idx].set(tokens, mode="drop")
+    out = write_rows(s, out, tokens, idx)
     stop = jnp.where(active & hit_eos, STOP_EOS, jnp.where(active & hit_len, STOP_LENGTH, stop))
-    return Emitted(out, count + m, stop, tokens)
+    return Emitted(out, count + m, stop, tokens, idx)
 
 
 def check_capacity(s, lengths, stop):

@@ -11,12 +11,14 @@ calls, inside one jitted ``lax.while_loop``:
         pstate, state = proposer.update(s, params, pparams, pstate, proposal.scratch,
                                         Committed(...), key)
 
-``s`` is the program key (``decoding.program.ProgramKey``: config, k, sampling, commit strategy,
-capacity, mesh); ``params`` the target's weights; ``pparams`` the proposer's own device arguments
-(``device_params``: the draft model's weights, else None); ``pstate`` any pytree of per-sequence
-arrays with a fixed structure (it is part of the loop carry). ``state`` is the target's
-``DecodeState``: a proposer may read it and, in ``init`` / ``update``, return it changed (the MTP
-head's KV cache lives there); it must never change what the target model reads.
+``s`` is the program key (``decoding.program.ProgramKey``: config, k, sampling mode, commit
+strategy, capacity, mesh); ``key`` the rows' randomness (``sampling.Draws``: a key per row and the
+rows' sampling settings; ``key.fold(i)`` derives sub-keys); ``params`` the target's weights;
+``pparams`` the proposer's own device arguments (``device_params``: the draft model's weights,
+else None); ``pstate`` any pytree of per-sequence arrays with a fixed structure (it is part of the
+loop carry). ``state`` is the target's ``DecodeState``: a proposer may read it and, in ``init`` /
+``update``, return it changed (the MTP head's KV cache lives there); it must never change what the
+target model reads.
 
 Host-side, before any device work: ``check(spec, config, params)`` raises ValueError / TypeError
 for settings this proposer cannot run.
@@ -107,14 +109,14 @@ class Proposer:
         )
 
 
-def select_drafts(s, logits_fn, key, k: int):
+def select_drafts(s, logits_fn, draws, k: int):
     """Draft k tokens one at a time: ``logits_fn(i, previous ids or None) -> logits [b, V]``;
-    draft i is drawn with ``fold_in(key, i)`` at the program's sampling settings. Returns
+    draft i is drawn with ``draws.fold(i)`` at each row's sampling settings. Returns
     (drafts [b, k], q [b, k, V or 0])."""
     picked = []
     for i in range(k):
         logits = logits_fn(i, picked[-1][0] if picked else None)
-        picked.append(s.sampling.select_with_q(logits, jax.random.fold_in(key, i)))
+        picked.append(s.sampling.select_with_q(logits, draws.fold(i)))
     drafts = jnp.stack([d for d, _ in picked], axis=1)
     q = jnp.stack([q for _, q in picked], axis=1)
     return drafts, q
