@@ -153,12 +153,11 @@ def write_json(value) -> None:
 
 
 def tokenizer_for(config, path):
-    """The byte tokenizer for the 256 vocabulary, else the checkpoint's tokenizer.json."""
-    from mtpspec.tokenizers import ByteTokenizer, HFTokenizer
+    """The checkpoint's tokenizer (``checkpoints.load_tokenizer``): its tokenizer.json, else the
+    byte tokenizer for the 256 vocabulary."""
+    from mtpspec import checkpoints
 
-    if config.vocab_size == ByteTokenizer.vocab_size:
-        return ByteTokenizer()
-    return HFTokenizer(path)
+    return checkpoints.load_tokenizer(path, config)
 
 
 def demo_texts() -> list[str]:

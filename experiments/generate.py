@@ -1,15 +1,24 @@
 """Generate text with plain or speculative decoding; ``--demo`` compares them on the default model.
 
     python -m experiments.generate --prompt="def fib(n):" --proposer=mtp --num_draft=3
+    python -m experiments.generate --checkpoint=DIR --chat --prompt="Hi!" --system="Be terse."
+    python -m experiments.generate --checkpoint=DIR --prompt_file=p.txt --proposer=draft \
+        --draft_checkpoint=SMALL_DIR --json_out=out.json
     python -m experiments.generate --checkpoint=tests/fixtures/hf/qwen3_next --prompt_ids=1,2,3
     python -m experiments.generate --demo                  # what `make demo` runs
     python -m experiments.generate --demo --num_draft=1,2,3
     python -m experiments.generate --demo --mesh=2x4       # sharded (experiments/cli.py)
 
 --checkpoint is an mtpspec checkpoint (``checkpoints.save_params``: config.json + params/) or an HF
-directory (config.json + safetensors). Text goes through the byte tokenizer when the vocabulary is
-256, else through the checkpoint's tokenizer.json (needs the ``tokenizers`` package).
-Speed figures exclude compilation (reported separately) and are measured in this one run.
+directory (config.json + safetensors + tokenizer files). Text goes through the checkpoint's own
+tokenizer (``checkpoints.load_tokenizer``: tokenizer.json, else bytes for the 256 vocabulary);
+``--chat`` renders the prompt as a user turn with the checkpoint's chat template. Generation stops
+at the checkpoint's EOS ids (generation_config.json, config.json, tokenizer) unless ``--eos`` says
+otherwise, and at any ``--stop`` string. The prompt is echoed, the continuation streamed as each
+verify step is accepted (``--nostream``: one on-device call, exact timing), and third-party INFO
+logging is silenced (``--verbose`` keeps it). ``--json_out`` writes the prompt, text, tokens, stop
+reason and statistics. Speed figures exclude compilation (reported separately) and are measured in
+this one run.
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from absl import app, flags
 import mtpspec
 from experiments import cli
 from mtpspec import checkpoints
+from mtpspec import text as text_api
 from mtpspec.decoding.stats import pooled
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
+cli.define_draft_checkpoint()
 cli.define_speculation()
 cli.define_linear()
 cli.define_json_out()
@@ -33,10 +44,24 @@ cli.define_mesh()
 flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
 flags.DEFINE_integer("top_k", 0, "Top-k filter (0 = off).")
 flags.DEFINE_float("top_p", 1.0, "Nucleus filter.")
+flags.DEFINE_float("min_p", 0.0, "Min-p filter: keep tokens with p >= min_p * p_max (0 = off).")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.DEFINE_string("prompt", None, "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "File whose text is the prompt.")
 flags.DEFINE_list("prompt_ids", None, "Prompt as token ids (no tokenizer needed).")
+flags.DEFINE_bool("chat", False, "Render the prompt as a user turn with the chat template.")
+flags.DEFINE_string("system", None, "--chat: a system message before the user turn.")
+flags.DEFINE_string(
+    "eos", "auto", "Stop ids: auto (the checkpoint's EOS ids), none, or a comma list of ids."
+)
+flags.DEFINE_multi_string("stop", [], "Stop string (repeatable); the text ends before it.")
+flags.DEFINE_enum(
+    "dtype", "float32", ["float32", "bfloat16", "auto"],
+    "Weights of an HF checkpoint: float32, bfloat16, or auto (as stored). bf16 is several "
+    "times slower than f32 on AVX2 CPUs.",
+)  # fmt: skip
+flags.DEFINE_bool("stream", True, "Print the text as it is accepted (else one on-device call).")
+flags.DEFINE_bool("verbose", False, "Keep absl / orbax / JAX INFO logging.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens to generate.")
 flags.DEFINE_integer("rounds", 5, "--demo: timed rounds per configuration, run round-robin.")
 flags.DEFINE_bool(
@@ -129,43 +154,113 @@ def demo(mesh=None):
     return rows
 
 
-def single(mesh=None):
-    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh)
+def quiet_logging() -> None:
+    """Third-party INFO lines (absl, orbax, JAX) off: only warnings and errors remain."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    for name in ("absl", "orbax", "jax", "jax._src"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def eos_ids(tok) -> list[int] | None:
+    """--eos: auto (the tokenizer's / checkpoint's EOS ids), none, or ids."""
+    if FLAGS.eos == "auto":
+        return list(getattr(tok, "eos_token_ids", ()) or ()) or None
+    if FLAGS.eos == "none":
+        return None
+    try:
+        return [int(x) for x in FLAGS.eos.split(",")]
+    except ValueError as e:
+        raise app.UsageError(f"--eos must be auto, none or comma-separated ids: {FLAGS.eos}") from e
+
+
+def speculation(config):
+    """The SpecConfig of --proposer / --num_draft / --commit (--draft_checkpoint for draft)."""
+    proposer = cli.one(cli.proposers(), "proposer")
+    k, commit = cli.one(cli.num_drafts(), "num_draft"), cli.one(cli.commits(), "commit")
+    if proposer == "none":
+        return None
+    if proposer != "draft":
+        return mtpspec.SpecConfig(proposer, k, commit)
+    if not FLAGS.draft_checkpoint:
+        raise app.UsageError("--proposer=draft needs --draft_checkpoint=DIR")
+    dconfig, dparams = checkpoints.load(FLAGS.draft_checkpoint, dtype=dtype_arg())
+    return mtpspec.SpecConfig("draft", k, commit, draft_config=dconfig, draft_params=dparams)
+
+
+def dtype_arg():
+    return None if FLAGS.dtype == "auto" else FLAGS.dtype
+
+
+def read_prompt(config, tok) -> tuple[list[int], str | None]:
+    """(ids, prompt text shown) from --prompt_ids / --prompt / --prompt_file (+ --chat)."""
     if FLAGS.prompt_ids:
-        prompt, tok = [int(x) for x in FLAGS.prompt_ids], None
-    else:
-        text = FLAGS.prompt
-        if FLAGS.prompt_file:
-            text = pathlib.Path(FLAGS.prompt_file).read_text()
-        if not text:
-            raise app.UsageError("give --prompt, --prompt_file or --prompt_ids (or --demo)")
-        tok = cli.tokenizer_for(config, FLAGS.checkpoint)
-        prompt = tok.encode(text)
-    spec = spec_config(
-        cli.one(cli.proposers(), "proposer"),
-        cli.one(cli.num_drafts(), "num_draft"),
-        cli.one(cli.commits(), "commit"),
-    )
-    result = mtpspec.generate(
-        config, params, [prompt], max_new_tokens=FLAGS.max_new_tokens, speculative=spec,
-        temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed,
-        linear=FLAGS.linear,
-        mesh=mesh,
+        return [int(x) for x in FLAGS.prompt_ids], None
+    text = FLAGS.prompt
+    if FLAGS.prompt_file:
+        text = pathlib.Path(FLAGS.prompt_file).read_text(encoding="utf-8", errors="surrogateescape")
+    if not text:
+        raise app.UsageError("give --prompt, --prompt_file or --prompt_ids (or --demo)")
+    if FLAGS.chat:
+        ids = text_api.chat_prompt(tok, text, system=FLAGS.system)
+        return ids, tok.decode(ids, skip_special_tokens=False)
+    return tok.encode(text), text
+
+
+def single(mesh=None):
+    import sys
+
+    config, params = checkpoints.load(FLAGS.checkpoint, mesh=mesh, dtype=dtype_arg())
+    tok = cli.tokenizer_for(config, FLAGS.checkpoint)
+    prompt, shown = read_prompt(config, tok)
+    options = dict(
+        max_new_tokens=FLAGS.max_new_tokens, speculative=speculation(config),
+        temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, min_p=FLAGS.min_p,
+        seed=FLAGS.seed, eos_id=eos_ids(tok), linear=FLAGS.linear, mesh=mesh,
     )  # fmt: skip
-    out = result.tokens[0]
-    print(tok.decode(out) if tok else out)
-    if not out:  # max_new_tokens=0: nothing ran, so there is no rate or tau to report
-        print(f"\nno tokens generated (max_new_tokens={FLAGS.max_new_tokens})")
+    if FLAGS.max_new_tokens == 0:
+        print(f"no tokens generated (max_new_tokens={FLAGS.max_new_tokens})")
+        result = text_api.TextResult("", [], "length", {})
     else:
+        print(shown if shown is not None else prompt, end="" if shown else "\n", flush=True)
         print(
-            f"\ntau {result.stats['tau']:.2f}, {result.stats['tokens_per_s']:.1f} tok/s "
-            f"(compile {result.stats['compile_s']:.1f} s), stop: {result.stop_reasons[0]}"
+            "\n[compiling the decoding program for this shape...]" if shown else "[compiling...]",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        if FLAGS.stream:
+            stream = text_api.TextStream(config, params, tok, prompt, stop=FLAGS.stop, **options)
+            for piece in stream:
+                print(piece, end="", flush=True)
+            result = stream.result
+        else:
+            result = text_api.complete(config, params, tok, prompt, stop=FLAGS.stop, **options)
+            print(result.text, end="")
+        st = result.stats
+        print(
+            f"\n\n[stop: {result.stop_reason}; {len(result.tokens)} tokens; tau "
+            f"{st['tau']:.2f}; {st['tokens_per_s']:.1f} tok/s"
+            + (f", compile {st['compile_s']:.1f} s" if "compile_s" in st else "")
+            + "]"
         )
-    return [{"tokens": out, **{k: v for k, v in result.stats.items() if k != "accepted"}}]
+    stats = {k: v for k, v in result.stats.items() if k != "accepted"}
+    return {
+        "checkpoint": FLAGS.checkpoint,
+        "prompt": shown,
+        "prompt_ids": prompt,
+        "text": result.text,
+        "tokens": result.tokens,
+        "stop_reason": result.stop_reason,
+        "stats": stats,
+    }
 
 
 def main(argv):
     del argv
+    if not FLAGS.verbose:
+        quiet_logging()
     mesh = cli.setup_mesh()
     rows = demo(mesh) if FLAGS.demo else single(mesh)
     cli.write_json(rows)

@@ -6,7 +6,9 @@ Table of contents:
   mtpspec.models       parameters, layers, decoder + MTP head, decode state, prefill/step/window
   mtpspec.checkpoints  load_hf / save_hf (HF safetensors, both families, mtp.*), the HF config
                        mapping both ways, orbax save/restore
-  mtpspec.tokenizers   ByteTokenizer, HFTokenizer
+  mtpspec.tokenizers   ByteTokenizer, HFTokenizer (one interface: encode / decode / chat
+                       template / EOS ids); checkpoints.load_tokenizer picks one
+  mtpspec.text         text in, text out: complete / TextStream (stop strings), chat_prompt
   mtpspec.decoding     generate / generate_stream / prepare, SpecConfig, the stages of a verify
                        step, commit strategies, proposers (one module each)
   mtpspec.training     offline corpus, optax training with an MTP loss, orbax resume
@@ -16,7 +18,7 @@ Table of contents:
   mtpspec.generate, mtpspec.SpecConfig   the main entry points (docs/design.md in the repository)
 """
 
-from mtpspec import checkpoints, config, decoding, models, ops, sharding
+from mtpspec import checkpoints, config, decoding, models, ops, sharding, text
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import GenerateResult, SpecConfig, generate, generate_stream
 
@@ -32,5 +34,6 @@ __all__ = [
     "models",
     "ops",
     "sharding",
+    "text",
 ]
 __version__ = "0.1.0"

@@ -441,7 +441,7 @@ def test_non_utf8_bytes_in_argv_reach_the_model_as_those_bytes(tmp_path):
         cwd=repo, capture_output=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert len(json.loads(out.read_text())[0]["tokens"]) == 3
+    assert len(json.loads(out.read_text())["tokens"]) == 3
     zero = subprocess.run(
         [sys.executable, "-m", "experiments.generate", "--prompt=def", "--max_new_tokens=0",
          f"--json_out={out}"],
@@ -449,7 +449,7 @@ def test_non_utf8_bytes_in_argv_reach_the_model_as_those_bytes(tmp_path):
     )  # fmt: skip
     assert zero.returncode == 0, zero.stderr[-2000:]
     assert "no tokens generated" in zero.stdout
-    assert json.loads(out.read_text())[0]["tokens"] == []
+    assert json.loads(out.read_text())["tokens"] == []
 
 
 def _torn_metadata(t):

@@ -16,16 +16,45 @@ __all__ = [
 ]
 
 
-def load(path, *, mesh=None):
-    """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
-    (config.json + safetensors, loaded as float32). Returns (config, params); with ``mesh`` the
-    params are placed shard by shard by the ``mtpspec.sharding`` rules."""
+def load(path, *, mesh=None, dtype: str | None = "float32"):
+    """An mtpspec checkpoint (``save_params``: config.json + params/, as saved) or an HF directory
+    (config.json + safetensors; ``dtype`` "float32" | "bfloat16", or None for the checkpoint's
+    own). Returns (config, params); with ``mesh`` the params are placed shard by shard by the
+    ``mtpspec.sharding`` rules."""
     import pathlib
 
     path = pathlib.Path(path)
     if (path / "params").is_dir():
         return restore_params(path, mesh=mesh)
-    return load_hf(path, dtype="float32", mesh=mesh)
+    return load_hf(path, dtype=dtype, mesh=mesh)
 
 
-__all__ += ["load"]
+def load_tokenizer(path, config=None):
+    """The tokenizer of a checkpoint directory: its ``tokenizer.json`` (``tokenizers.HFTokenizer``,
+    with the chat template and EOS ids found beside it), else the byte tokenizer when the model's
+    vocabulary is 256 (the shipped model; ``config`` or the directory's config.json says).
+    OSError when neither applies."""
+    import json
+    import pathlib
+
+    from mtpspec.tokenizers import ByteTokenizer, HFTokenizer
+
+    path = pathlib.Path(path)
+    if (path / "tokenizer.json").is_file():
+        return HFTokenizer(path)
+    vocab = None if config is None else config.vocab_size
+    if vocab is None and (path / "config.json").is_file():
+        try:
+            data = json.loads((path / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path / 'config.json'} is not valid JSON: {e}") from e
+        vocab = data.get("vocab_size", data.get("text_config", {}).get("vocab_size"))
+    if vocab == ByteTokenizer.vocab_size:
+        return ByteTokenizer()
+    raise OSError(
+        f"no tokenizer.json in {path} and the vocabulary ({vocab}) is not the 256 byte ids; "
+        "copy the model's tokenizer.json (and tokenizer_config.json) there"
+    )
+
+
+__all__ += ["load", "load_tokenizer"]

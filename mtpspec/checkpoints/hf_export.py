@@ -17,8 +17,12 @@ The output is exactly what ``load_hf`` reads and what transformers' ``Qwen3NextF
   as-is (HF applies ``1 + w`` itself), the GDN output norm a plain weight, MoE experts as
   per-expert tensors (what HF's ``save_pretrained`` and every released checkpoint use), and
   ``mtp.*`` at the top level. Tied models write no ``lm_head.weight``.
-* optionally the tokenizer: ``tokenizer.json`` + ``tokenizer_config.json``; for the byte-level
-  tokenizer a faithful ``tokenizers``-format equivalent (``tokenizers.byte_tokenizer_json``).
+* optionally the tokenizer: ``tokenizer.json`` + ``tokenizer_config.json`` (a real tokenizer's own,
+  chat template and special tokens included; ``chat_template.jinja`` when it came as one); for
+  the byte-level tokenizer a faithful ``tokenizers``-format equivalent
+  (``tokenizers.byte_tokenizer_json``).
+* ``generation_config.json`` with the EOS ids (a list) when there are any (``eos_token_id``, else
+  the tokenizer's), and ``eos_token_id`` in config.json (the first of them).
 
 The safetensors files are written by this module directly from the format's specification
 (8-byte little-endian header length, JSON header, contiguous data), so the output does not
@@ -47,7 +51,8 @@ from mtpspec.tokenizers import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
 _DTYPES = ("float32", "bfloat16")
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+GENERATION_CONFIG = "generation_config.json"
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,12 +134,14 @@ def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
     if tokenizer is None:
         return None
     tok_path = False
+    extra = {}
     if isinstance(tokenizer, ByteTokenizer):
         text = json.dumps(byte_tokenizer_json(), ensure_ascii=False, indent=2) + "\n"
         size = tokenizer.vocab_size
     elif isinstance(tokenizer, HFTokenizer):
         text = tokenizer.to_json()
         size = tokenizer.vocab_size
+        src, tok_path = tokenizer.directory / "tokenizer.json", True
     elif isinstance(tokenizer, str | os.PathLike):
         src = pathlib.Path(tokenizer)
         if src.is_dir():
@@ -163,13 +170,38 @@ def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
     beside = src.parent / "tokenizer_config.json" if tok_path else None
     if beside is not None and beside.is_file():  # keep a real tokenizer's special tokens etc.
         tok_config_text = beside.read_text()
+        template = src.parent / "chat_template.jinja"
+        if template.is_file():
+            extra["chat_template.jinja"] = template.read_text()
     else:  # the generic fast tokenizer over tokenizer.json, no text clean-up (exact bytes)
         tok_config = {
             "clean_up_tokenization_spaces": False,
             "tokenizer_class": "PreTrainedTokenizerFast",
         }
-        tok_config_text = json.dumps(tok_config, indent=2) + "\n"
-    return {"tokenizer.json": text, "tokenizer_config.json": tok_config_text}
+        if getattr(tokenizer, "chat_template", None):
+            tok_config["chat_template"] = tokenizer.chat_template
+        tok_config_text = json.dumps(tok_config, ensure_ascii=False, indent=2) + "\n"
+    return {"tokenizer.json": text, "tokenizer_config.json": tok_config_text, **extra}
+
+
+def _eos_list(eos_token_id, tokenizer, config: ModelConfig) -> list[int]:
+    """The EOS ids to record: ``eos_token_id`` (an int or ints), else the tokenizer's."""
+    if eos_token_id is None:
+        ids = getattr(tokenizer, "eos_token_ids", ()) if tokenizer is not None else ()
+    elif isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
+        ids = (eos_token_id,)
+    else:
+        ids = tuple(eos_token_id) if isinstance(eos_token_id, list | tuple) else None
+    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise TypeError(
+            f"eos_token_id must be None, an int or a list of ints, got {eos_token_id!r}"
+        )
+    bad = [i for i in ids if not 0 <= i < config.vocab_size]
+    if bad:
+        raise ValueError(
+            f"eos_token_id {bad[0]} is outside the vocabulary [0, {config.vocab_size})"
+        )
+    return list(dict.fromkeys(ids))
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +210,14 @@ def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
 
 def _our_files(path: pathlib.Path) -> list[pathlib.Path]:
     """Files in ``path`` that an earlier export may have written (removed on overwrite)."""
-    pats = ("config.json", SINGLE_FILE, INDEX_FILE, "model-*-of-*.safetensors", *TOKENIZER_FILES)
+    pats = (
+        "config.json",
+        SINGLE_FILE,
+        INDEX_FILE,
+        "model-*-of-*.safetensors",
+        *TOKENIZER_FILES,
+        GENERATION_CONFIG,
+    )
     return sorted({f for pat in pats for f in path.glob(pat) if f.is_file()})
 
 
@@ -191,6 +230,8 @@ def save_hf(
     dtype: str | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     tokenizer=None,
+    eos_token_id=None,
+    generation_config: dict | None = None,
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
     overwrite: bool = False,
 ) -> list[str]:
@@ -203,8 +244,12 @@ def save_hf(
       records it, so ``load_hf(path)`` returns ``replace(config, family=family, dtype=dtype)``
       and params equal to ``params`` cast to ``dtype``, bit for bit.
     max_shard_bytes: above this total the tensors go to numbered shards + an index.
-    tokenizer: None, ``training.data.ByteTokenizer()`` (writes a byte-level ``tokenizer.json``),
-      an ``HFTokenizer``, or a path to a ``tokenizer.json`` (copied).
+    tokenizer: None, ``tokenizers.ByteTokenizer()`` (writes a byte-level ``tokenizer.json``),
+      an ``HFTokenizer`` (its files, chat template included), or a path to a ``tokenizer.json``
+      (copied, with the ``tokenizer_config.json`` / ``chat_template.jinja`` beside it).
+    eos_token_id: an int or a list of ints (default: the tokenizer's ``eos_token_ids``); written
+      to ``generation_config.json`` (the list) and config.json (the first).
+    generation_config: further ``generation_config.json`` entries (e.g. sampling defaults).
     overwrite: ``path`` must otherwise be absent or an empty directory; with ``overwrite`` the
       files an earlier export wrote there (config, weights, index, shards, tokenizer) are
       replaced. The new files are written beside ``path`` (``<path>.saving``) and moved in only
@@ -225,6 +270,18 @@ def save_hf(
     out_config = dataclasses.replace(config, family=family, dtype=dtype)
     tensors = hf_tensors(out_config, params, dtype=dtype)
     tok_files = _tokenizer_files(tokenizer, config)
+    eos = _eos_list(eos_token_id, tokenizer, config)
+    if generation_config is not None and not isinstance(generation_config, dict):
+        raise TypeError(
+            f"generation_config must be a dict or None, got {type(generation_config).__name__}"
+        )
+    gen = dict(generation_config or {})
+    if eos:
+        cfg_dict["eos_token_id"] = eos[0]
+        gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    if gen:
+        tok_files = dict(tok_files or {})
+        tok_files[GENERATION_CONFIG] = json.dumps(gen, indent=2) + "\n"
 
     path = pathlib.Path(path)
     if path.exists():

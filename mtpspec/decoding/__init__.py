@@ -19,6 +19,7 @@ from mtpspec.decoding.api import (
     generate_stream,
     prepare,
     set_compile_cache_size,
+    stream_steps,
 )
 from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window, rewind_kv_only
 from mtpspec.decoding.host import BUCKET, default_capacity
@@ -42,4 +43,5 @@ __all__ = [
     "prepare",
     "rewind_kv_only",
     "set_compile_cache_size",
+    "stream_steps",
 ]

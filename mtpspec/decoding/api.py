@@ -164,14 +164,17 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
     return GenerateResult(tokens, [STOP_NAMES[int(c)] for c in stop], stats, logprobs)
 
 
-def generate_stream(
-    config: ModelConfig, params, prompts: list[list[int]], **options
-) -> Iterator[list[list[int]]]:
-    """Same decoding, one verify step per iteration from Python (for notebooks): yields, per step,
-    the tokens each sequence emitted in that step (the first yield is the prefill token). The
-    jitted prefill and step are the very functions the on-device loop runs. The same keyword
-    arguments as ``generate``."""
-    prepared = prepare(config, params, prompts, **options)
+class StreamStep(NamedTuple):
+    """One step of ``stream_steps``: what each sequence emitted in it, and where each stands."""
+
+    tokens: list[list[int]]  # per prompt, this step's tokens (the first step: the prefill token)
+    stop_reasons: list[str | None]  # per prompt: None while running, else "eos" | "length" | ...
+    step: int  # verify steps run so far (0 for the prefill)
+
+
+def stream_steps(prepared: Prepared) -> Iterator[StreamStep]:
+    """Run a prepared call one verify step at a time from Python: the jitted prefill and step are
+    the very functions the on-device loop runs. Stops when every sequence has stopped."""
     if prepared.max_new_tokens == 0:
         return
     carry = prepared.prefill()
@@ -180,15 +183,25 @@ def generate_stream(
     while True:
         count = sharding.to_host(carry.count)[:n]
         out = sharding.to_host(carry.out)[:n]
-        yield [out[i, seen[i] : count[i]].tolist() for i in range(n)]
-        seen = count
         stop = sharding.to_host(carry.stop)
-        if (
-            not (stop == RUNNING).any()
-            or int(sharding.to_host(carry.step)) >= prepared.key.out_size
-        ):
+        step = int(sharding.to_host(carry.step))
+        reasons = [None if c == RUNNING else STOP_NAMES[int(c)] for c in stop[:n]]
+        yield StreamStep([out[i, seen[i] : count[i]].tolist() for i in range(n)], reasons, step)
+        seen = count
+        if not (stop == RUNNING).any() or step >= prepared.key.out_size:
             return
         carry = prepared.step(carry)
+
+
+def generate_stream(
+    config: ModelConfig, params, prompts: list[list[int]], **options
+) -> Iterator[list[list[int]]]:
+    """Same decoding, one verify step per iteration from Python (for notebooks): yields, per step,
+    the tokens each sequence emitted in that step (the first yield is the prefill token). The
+    jitted prefill and step are the very functions the on-device loop runs. The same keyword
+    arguments as ``generate``; ``stream_steps`` also reports the stop reasons."""
+    for item in stream_steps(prepare(config, params, prompts, **options)):
+        yield item.tokens
 
 
 def compile_count() -> int:
