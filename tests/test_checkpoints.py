@@ -18,7 +18,14 @@ from mtpspec.checkpoints import load_hf, restore_params, save_params
 from mtpspec.models.params import param_shapes
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures", "hf")
-DIRS = ("qwen3_next", "qwen3_next_bf16_sharded", "qwen3_5", "qwen3_5_vl_layout")
+DIRS = (
+    "qwen3_next",
+    "qwen3_next_bf16_sharded",
+    "qwen3_5",
+    "qwen3_5_vl_layout",
+    "qwen3_5_moe",
+    "qwen3_5_moe_fused_vl",
+)
 
 
 def _raw(name: str) -> dict[str, np.ndarray]:
@@ -65,7 +72,7 @@ def test_fixture_loads_with_canonical_tree(name):
     assert got == want
     assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))
     assert "mtp" in params
-    assert ("lm_head" in params) == (config.family == "qwen3_next")
+    assert ("lm_head" in params) == (not config.tie_word_embeddings)
 
 
 def test_qwen3_next_deinterleave_matches_raw():

@@ -121,7 +121,7 @@ def test_ngram_drafts_are_accepted_on_repetitive_text(moe_model, plain_moe):
     assert max(result.stats["accepted"][0]) >= 2
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def fixture_model(request):
     config, params = checkpoints.load_hf(FIXTURES / request.param, dtype="float32")
     return config, params, np.load(FIXTURES / request.param / "reference.npz")

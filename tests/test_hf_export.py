@@ -204,7 +204,7 @@ LEGACY = {
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3_next", "qwen3_next_bf16_sharded", "qwen3_5", "qwen3_5_vl_layout"]
+    "name", ["qwen3_next", "qwen3_next_bf16_sharded", "qwen3_5", "qwen3_5_vl_layout", "qwen3_5_moe"]
 )
 def test_export_reproduces_fixture(tmp_path, name):
     src = os.path.join(FIX, name)
@@ -280,7 +280,34 @@ def _moe_no_shared():
 BAD = [
     ("family", lambda: tiny_hybrid(), {"family": "llama"}, ValueError, "family must be one of"),
     ("dtype", lambda: tiny_hybrid(), {"dtype": "float16"}, ValueError, "dtype must be one of"),
-    ("moe_as_qwen3_5", lambda: tiny_moe(), {"family": "qwen3_5"}, ValueError, "dense MLPs only"),
+    ("mixed_moe_as_qwen3_5", lambda: tiny_moe(), {"family": "qwen3_5"}, ValueError, "mixed model"),
+    (
+        "qwen3_5_moe_without_shared",
+        lambda: tiny_moe(mlp_types=("moe",) * 4, shared_expert_intermediate_size=0),
+        {"family": "qwen3_5"},
+        ValueError,
+        "always have a shared expert",
+    ),
+    (
+        "qwen3_5_moe_unnormalised",
+        lambda: tiny_moe(mlp_types=("moe",) * 4, norm_topk_prob=False),
+        {"family": "qwen3_5"},
+        ValueError,
+        "always normalises",
+    ),
+    (
+        "dense_qwen3_5_with_moe_mtp",
+        lambda: tiny_hybrid(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=8,
+            shared_expert_intermediate_size=8,
+            mtp_mlp_type="moe",
+        ),
+        {"family": "qwen3_5"},
+        ValueError,
+        "MTP layer's MLP is MoE",
+    ),
     ("moe_without_shared", _moe_no_shared, {}, ValueError, "shared expert"),
     (
         "mtp_mlp_not_layer0s",

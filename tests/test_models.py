@@ -21,10 +21,12 @@ FAMILY_DIRS = {
     "qwen3_5": "qwen3_5",
     "qwen3_next_bf16_sharded": "qwen3_next",
     "qwen3_5_vl_layout": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+    "qwen3_5_moe_fused_vl": "qwen3_5_moe",  # experts fused, wrapper names, nested text_config
 }
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5"])
+@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def hf_model(request):
     config, params = checkpoints.load_hf(FIXTURES / request.param, dtype="float32")
     return config, params, np.load(FIXTURES / request.param / "reference.npz")

@@ -24,6 +24,13 @@ from mtpspec.config import FAMILIES, FULL, LINEAR, ModelConfig
 DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
 _DTYPES = ("float32", "bfloat16")
 _MTP_KEY = {"qwen3_5": "mtp_num_hidden_layers", "qwen3_next": "num_nextn_predict_layers"}
+SUPPORTED_MODEL_TYPES = (
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+)
 
 
 # ---- HF -> ModelConfig --------------------------------------------------------------------------
@@ -81,7 +88,13 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
     elif model_type in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_moe"):
         family = "qwen3_5"
     else:
-        raise ValueError(f"unsupported model_type {model_type!r}: expected qwen3_next or qwen3_5")
+        raise ValueError(
+            f"unsupported model_type {model_type!r}: expected one of {SUPPORTED_MODEL_TYPES}"
+        )
+    # Qwen3.5-MoE: every layer (and the MTP layer) is a routed MoE with a shared expert and
+    # normalised top-k weights; its config has no mlp_only_layers / decoder_sparse_step /
+    # norm_topk_prob keys (Qwen3_5MoeTextConfig)
+    all_moe = model_type in ("qwen3_5_moe", "qwen3_5_moe_text")
 
     n = _number(cfg, "num_hidden_layers", int, required=True)
     layer_types = _get(cfg, "layer_types")
@@ -117,7 +130,15 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
     if sparse_step < 1:
         raise ValueError(f"decoder_sparse_step must be >= 1, got {sparse_step}")
 
+    if all_moe and (num_experts < 1 or not _number(cfg, "shared_expert_intermediate_size", int, 0)):
+        raise ValueError(
+            f"a {model_type} config needs num_experts >= 1 and shared_expert_intermediate_size "
+            f"(got {num_experts}, {_get(cfg, 'shared_expert_intermediate_size')})"
+        )
+
     def mlp_type(i: int) -> str:
+        if all_moe:
+            return "moe"
         if family == "qwen3_5" or num_experts == 0:
             return "dense"
         return "moe" if i not in mlp_only and (i + 1) % sparse_step == 0 else "dense"
@@ -147,7 +168,7 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
         num_experts_per_tok=_number(cfg, "num_experts_per_tok", int, 0),
         moe_intermediate_size=_number(cfg, "moe_intermediate_size", int, 0),
         shared_expert_intermediate_size=_number(cfg, "shared_expert_intermediate_size", int, 0),
-        norm_topk_prob=bool(_get(cfg, "norm_topk_prob", True)),
+        norm_topk_prob=True if all_moe else bool(_get(cfg, "norm_topk_prob", True)),
         mtp_mlp_type=mlp_type(0),
         tie_word_embeddings=bool(tie),
         mtp_num_layers=_number({"mtp_num_hidden_layers": mtp_layers}, "mtp_num_hidden_layers", int),
@@ -171,12 +192,27 @@ def _family_errors(config: ModelConfig, family: str) -> list[str]:
     so the common cases get a specific message)."""
     errors = []
     moe_layers = [i for i, t in enumerate(config.mlp_types) if t == "moe"]
-    if family == "qwen3_5":
-        if moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe"):
+    if family == "qwen3_5" and moe_layers:  # Qwen3.5-MoE: MoE everywhere
+        mtp_dense = config.mtp_num_layers and config.mtp_mlp_type != "moe"
+        if len(moe_layers) != config.num_layers or mtp_dense:
             errors.append(
-                f"family 'qwen3_5' (Qwen3_5ForCausalLM) has dense MLPs only, but the config has "
-                f"MoE layers {moe_layers} (MTP MLP {config.mtp_mlp_type!r}); export it as "
-                f"family='qwen3_next'"
+                "family 'qwen3_5' is either dense everywhere (Qwen3_5ForCausalLM) or MoE in every "
+                f"layer and the MTP layer (Qwen3_5MoeForCausalLM), but the config has MoE layers "
+                f"{moe_layers} of {config.num_layers} (MTP MLP {config.mtp_mlp_type!r}); export "
+                "a mixed model as family='qwen3_next'"
+            )
+        if not config.shared_expert_intermediate_size:
+            errors.append(
+                "Qwen3.5-MoE blocks always have a shared expert, but "
+                "shared_expert_intermediate_size is 0"
+            )
+        if not config.norm_topk_prob:
+            errors.append("Qwen3.5-MoE always normalises its top-k weights (norm_topk_prob)")
+    elif family == "qwen3_5":
+        if config.mtp_num_layers and config.mtp_mlp_type == "moe":
+            errors.append(
+                "family 'qwen3_5' (Qwen3_5ForCausalLM) has dense MLPs only, but the MTP layer's "
+                "MLP is MoE; export it as family='qwen3_next'"
             )
     else:
         uses_moe = moe_layers or (config.mtp_num_layers and config.mtp_mlp_type == "moe")
@@ -275,6 +311,16 @@ def hf_config_dict(
         out["mtp_use_dedicated_embeddings"] = False  # MTP shares embed_tokens / lm_head
         rope["mrope_interleaved"] = True
         rope["mrope_section"] = _mrope_section(c.rotary_dim)
+        if "moe" in c.mlp_types:  # Qwen3.5-MoE (MoE in every layer; _family_errors checked)
+            out["architectures"] = ["Qwen3_5MoeForCausalLM"]
+            out["model_type"] = "qwen3_5_moe_text"
+            del out["intermediate_size"]
+            out["num_experts"] = c.num_experts
+            out["num_experts_per_tok"] = c.num_experts_per_tok
+            out["moe_intermediate_size"] = c.moe_intermediate_size
+            out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
+            out["output_router_logits"] = False
+            out["router_aux_loss_coef"] = 0.001
     else:
         out["architectures"] = ["Qwen3NextForCausalLM"]
         out["model_type"] = "qwen3_next"

@@ -1,6 +1,7 @@
 """transformers loads what ``save_hf`` writes (``make test-hf``; needs the ``hf`` extra, skipped
 without torch): the shipped default model exported as either family, and a random Qwen3-Next MoE
-model (MoE + shared expert + dense layer + MoE MTP, untied) stored in f32 and bf16. Logits agree
+model (MoE + shared expert + dense layer + MoE MTP, untied) stored in f32 and bf16, and a random
+Qwen3.5-MoE model (MoE everywhere, EOS ids in generation_config.json). Logits agree
 with mtpspec's to 1e-5 relative (observed ~1e-6), greedy decoding equals transformers'
 ``generate``, HF reports no missing or unexpected weights, and the exported byte tokenizer
 encodes / decodes exactly as ``ByteTokenizer``."""
@@ -81,3 +82,22 @@ def test_negative_control_swapped_key_head_groups_is_detected(tmp_path):
     save_file(tensors, str(f), metadata={"format": "pt"})
     r = compare(tmp_path / "o", config, params, length=32, greedy_tokens=4)
     assert r["logits_rel_err"] > 1e-3, r
+
+
+def test_random_qwen3_5_moe_export_matches_in_transformers(tmp_path):
+    """Qwen3.5-MoE (MoE in every layer and the MTP layer, shared expert, untied) written as
+    family qwen3_5: transformers reads it as Qwen3_5MoeForCausalLM, same logits and greedy."""
+    config = dataclasses.replace(
+        tiny_moe(vocab_size=256),
+        family="qwen3_5",
+        mlp_types=("moe",) * 4,
+        mtp_mlp_type="moe",
+        intermediate_size=0,  # no dense MLP anywhere (the read-back check refuses an unused one)
+    )
+    params = init_params(config, jax.random.PRNGKey(4), norm_scale=0.1)
+    checkpoints.save_hf(config, params, tmp_path / "o", eos_token_id=[0, 1])
+    r = compare(tmp_path / "o", config, params, length=48, greedy_tokens=8)
+    assert r["hf_class"] == "Qwen3_5MoeForCausalLM"
+    assert r["hf_loading_problems"] == {}
+    assert r["logits_rel_err"] < TOL, r
+    assert r["greedy_equal"], r
