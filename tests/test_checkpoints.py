@@ -485,3 +485,31 @@ def test_partial_mtp_is_missing_tensor(tmp_path):
     del raw["mtp.fc.weight"]
     with pytest.raises(ValueError, match=r"missing tensor mtp\.fc\.weight"):
         load_hf(_write(tmp_path, "qwen3_5", raw), allow_missing_mtp=True)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"model_type": "qwen3_moe"},
+        {"model_type": "llama"},
+        {"model_type": "qwen3_vl_moe", "text_config": {"model_type": "qwen3_vl_moe_text"}},
+        {"model_type": "qwen3_5_moe", "text_config": {"model_type": "qwen3_omni_moe_text"}},
+    ],
+)
+def test_unsupported_model_types_are_refused_by_name(cfg):
+    from mtpspec.checkpoints import from_hf_config
+
+    name = cfg.get("text_config", cfg)["model_type"]
+    with pytest.raises(ValueError, match=f"unsupported model_type '{name}'"):
+        from_hf_config(cfg)
+
+
+def test_qwen3_5_moe_config_without_experts_is_refused():
+    import json as _json
+
+    from mtpspec.checkpoints import from_hf_config
+
+    cfg = _json.loads(open(os.path.join(FIX, "qwen3_5_moe", "config.json")).read())
+    cfg["num_experts"] = 0
+    with pytest.raises(ValueError, match="needs num_experts >= 1"):
+        from_hf_config(cfg)
