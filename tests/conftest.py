@@ -21,6 +21,7 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     ).strip()
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 # MTPSPEC_TEST_JAX_CACHE=off runs without it (one full run on 2026-12-01 crashed in JAX's own
 # CPU executable serialization while writing a cache entry; BUILD_NOTES.md).
@@ -35,3 +36,21 @@ if _CACHE_SETTING != "off":
 # The 8-device sharding tests run in their own process (tests/test_sharding.py starts it with
 # MTPSPEC_MULTIDEVICE=1 and 8 simulated CPU devices); the main session does not collect them.
 collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multidevice"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs_after_each_module():
+    """Free every compiled program when a test module ends. XLA's CPU compiler keeps ~700 memory
+    mappings per compiled decoding program, and an xdist worker that kept every module's programs
+    reached Linux's vm.max_map_count (65530) mid-suite: the next compile failed inside XLA and the
+    worker died in the C++ unwinder (the SIGSEGV / SIGABRT "crashes in XLA's compile" of
+    2026-12-01/02; a core dump showed 64,907 mappings; BUILD_NOTES.md 2026-12-02)."""
+    yield
+    from mtpspec.decoding import program
+
+    log = os.environ.get("MTPSPEC_TEST_MAPS_LOG")  # a file: "pid mappings limit" per module
+    maps = program.live_mappings() if log else None
+    if maps is not None:
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {maps[0]} {maps[1]}\n")
+    program.release_compiled()

@@ -324,6 +324,34 @@ def test_compile_cache_is_a_bounded_lru(moe_model):
         mtpspec.decoding.set_compile_cache_size(old_size)
 
 
+def test_live_mappings_are_counted_and_compiles_release_programs_near_the_limit(
+    moe_model, monkeypatch, caplog
+):
+    """Near vm.max_map_count every compiled program is released before the next compile (with a
+    warning), instead of letting XLA's compile fail and the process crash; below it, nothing is.
+    ``release_compiled`` actually returns mappings to the kernel."""
+    program = mtpspec.decoding.program
+    if program.live_mappings() is None:
+        pytest.skip("no /proc here")
+    count, limit = program.live_mappings()
+    assert 0 < count < limit
+    config, params = moe_model
+    run = lambda n: mtpspec.generate(config, params, [[3, 1]], max_new_tokens=n)  # noqa: E731
+    run(7), run(23)  # two programs
+    assert len(program.CACHE) >= 2
+    before = program.live_mappings()[0]
+    mtpspec.decoding.release_compiled()
+    assert len(program.CACHE) == 0 and program.live_mappings()[0] < before - 500
+    run(7)
+    monkeypatch.setattr(program, "live_mappings", lambda: (int(0.69 * 65530), 65530))
+    run(23)  # compiles, well below the headroom: the first program stays
+    assert len(program.CACHE) == 2
+    monkeypatch.setattr(program, "live_mappings", lambda: (int(0.9 * 65530), 65530))
+    with caplog.at_level("WARNING", logger=program.__name__):
+        run(39)  # a new program near the limit: everything before it is released
+    assert len(program.CACHE) == 1 and "vm.max_map_count = 65530" in caplog.text
+
+
 # ---- a new proposer is one module ---------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from mtpspec.decoding.api import (
     generate,
     generate_stream,
     prepare,
+    release_compiled,
     set_compile_cache_size,
     stream_steps,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "generate_stream",
     "ngram_propose",
     "prepare",
+    "release_compiled",
     "rewind_kv_only",
     "set_compile_cache_size",
     "stream_steps",

@@ -209,6 +209,14 @@ def compile_count() -> int:
     return CACHE.compiles
 
 
+def release_compiled() -> None:
+    """Free every compiled generate program and JAX's compilation caches (their memory and the
+    memory mappings XLA's CPU compiler holds per program); the next call compiles again. Also
+    done automatically before a compile when the process nears the kernel's limit on mappings
+    (``program.relieve_map_pressure``)."""
+    program.release_compiled()
+
+
 def set_compile_cache_size(maxsize: int) -> None:
     """Keep at most ``maxsize`` compiled generate programs (least recently used evicted first;
     default 32). Each holds its executable (on CPU: a few MB)."""

@@ -17,6 +17,8 @@ param tree's structure, the shape and dtype of every argument).
 from __future__ import annotations
 
 import collections
+import gc
+import logging
 from typing import Any, NamedTuple
 
 import jax
@@ -188,6 +190,59 @@ prefill_jit = jax.jit(prefill, static_argnums=0)
 step_jit = jax.jit(step, static_argnums=0)
 
 
+log = logging.getLogger(__name__)
+
+# Above this share of the kernel's limit on memory mappings, the next compile first releases every
+# compiled program (see ``relieve_map_pressure``).
+MAP_HEADROOM = 0.7
+
+
+def live_mappings() -> tuple[int, int] | None:
+    """(memory mappings this process holds, the kernel's per-process limit vm.max_map_count) on
+    Linux; None where /proc does not say.
+
+    Why it matters: XLA's CPU compiler maps each compiled kernel's code and data separately —
+    about 700 mappings per compiled decoding program of a small model (BUILD_NOTES.md,
+    2026-12-02) — so a process that keeps ~90 such programs alive reaches Linux's default limit
+    of 65530, after which the next compile fails inside XLA and the failure's C++ exception
+    crashes the process (SIGSEGV / SIGABRT in the unwinder) instead of raising."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            count = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return count, limit
+
+
+def release_compiled() -> None:
+    """Drop every compiled decoding program (``CACHE``) and JAX's own compilation caches, then
+    collect: their executables' code and data are unmapped. Later calls compile again."""
+    CACHE.clear()
+    jax.clear_caches()
+    gc.collect()
+
+
+def relieve_map_pressure() -> bool:
+    """Before a compile: when this process holds more than ``MAP_HEADROOM`` of the kernel's limit
+    on memory mappings, ``release_compiled`` (logging a warning) so the compile cannot fail for
+    want of one. Returns whether it released."""
+    maps = live_mappings()
+    if maps is None or maps[0] <= MAP_HEADROOM * maps[1]:
+        return False
+    log.warning(
+        "this process holds %d memory mappings, %.0f%% of the kernel's limit "
+        "(vm.max_map_count = %d); XLA's CPU compiler maps every compiled program's kernels "
+        "separately, so all compiled programs are released before compiling another",
+        maps[0],
+        100 * maps[0] / maps[1],
+        maps[1],
+    )
+    release_compiled()
+    return True
+
+
 class ProgramCache:
     """Compiled ``run`` programs, least recently used evicted beyond ``maxsize``.
 
@@ -215,6 +270,7 @@ class ProgramCache:
         if sig in self._entries:
             self._entries.move_to_end(sig)
             return self._entries[sig], False
+        relieve_map_pressure()
         compiled = run_jit.lower(s, *args).compile()
         self.compiles += 1
         self._entries[sig] = compiled
@@ -228,6 +284,9 @@ class ProgramCache:
         self.maxsize = maxsize
         while len(self._entries) > maxsize:
             self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
