@@ -1,13 +1,26 @@
-"""Train a hybrid model with an MTP head on the offline stdlib corpus (resumable).
+"""Train a hybrid model with an MTP head (resumable), or an MTP head for any base model.
 
     python -m experiments.train --workdir=/tmp/run --steps=2000          # the default model's shape
     python -m experiments.train --workdir=/tmp/run --steps=2000          # again: resumes
     python -m experiments.train --workdir=/tmp/run2 --preset=tiny --steps=20 --save_every=5
     python -m experiments.train --workdir=/tmp/run3 --mesh=2x4   # sharded; see cli.py
 
-The final params land in WORKDIR/final (``mtpspec.checkpoints.restore_params``); per-step losses in
-WORKDIR/metrics.jsonl. Kill it at any point (even SIGKILL) and start the same command again: it
-resumes from the last checkpoint with the same data order and loss curve.
+    # an MTP head for your own model (HF directory or mtpspec checkpoint, with or without mtp.*):
+    python -m experiments.train --init=DIR --phase=mtp_only --data=PATH --steps=500 --workdir=W
+
+--data is a text file, a directory of text files or a JSONL file with a "text" field, tokenized
+with the model's own tokenizer (``checkpoints.load_tokenizer``; bytes for the 256 vocabulary);
+without --data, the offline stdlib corpus (byte models only). ``--phase=mtp_only`` freezes the
+trunk (no optimizer state for it) and trains the head with ``--loss=distill`` by default (KL from
+the trunk's own distribution of the token after next: what acceptance rewards) or ``--loss=ce``.
+A base without MTP weights gets a fresh head (``mtpspec.training.heads``).
+
+The final params land in WORKDIR/final (``checkpoints.load``; ``experiments.export_hf`` writes
+them as an HF directory); per-step metrics (losses, learning rate) in WORKDIR/metrics.jsonl and as
+TensorBoard events in WORKDIR/tb. Progress: a bar with ETA on a terminal, else a line every
+--log_every steps with tok/s (compile and evaluation excluded) and ETA. Kill it at any point (even
+SIGKILL) and start the same command again: it resumes from the last checkpoint with the same data
+order and loss curve.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ from absl import app, flags
 
 from experiments import cli
 from mtpspec import config as C
-from mtpspec.training import TrainConfig, load_corpus, train
+from mtpspec.training import TrainConfig, load_base, load_corpus, load_text, train
 
 FLAGS = flags.FLAGS
 cli.define_mesh()
@@ -43,8 +56,15 @@ flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
 flags.DEFINE_integer("warmup", 50, "Warm-up steps.")
 flags.DEFINE_float("mtp_weight", 0.5, "Weight of the MTP loss (joint phase).")
 flags.DEFINE_enum("phase", "joint", ["joint", "mtp_only"], "joint, or MTP head on a frozen trunk.")
+flags.DEFINE_enum(
+    "loss", None, ["ce", "distill"],
+    "MTP loss: distill (default for mtp_only: KL from the trunk) or ce (the data).",
+)  # fmt: skip
 flags.DEFINE_string(
-    "init", None, "Start from these params (restore_params dir), e.g. for mtp_only."
+    "init", None, "Start from this model: an HF directory or an mtpspec checkpoint (MTP optional)."
+)
+flags.DEFINE_string(
+    "data", None, "Training text: a file, a directory of text files, or JSONL with 'text'."
 )
 flags.DEFINE_integer("seed", 0, "Seed (init and data order).")
 flags.DEFINE_integer("save_every", 100, "Checkpoint interval (steps).")
@@ -61,14 +81,18 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
     del argv
+    from mtpspec.tokenizers import ByteTokenizer
+
     mesh = cli.setup_mesh()  # first: multi-host start-up precedes any JAX work
     model = C.default_model() if FLAGS.preset == "default" else C.tiny_hybrid(vocab_size=256)
-    init = None
+    init, tokenizer = None, ByteTokenizer()
     if FLAGS.init:
-        from mtpspec.checkpoints import restore_params
-
-        loaded_config, init = restore_params(FLAGS.init, mesh=mesh)
-        model = loaded_config
+        model, init, tokenizer, fresh = load_base(FLAGS.init, seed=FLAGS.seed, mesh=mesh)
+        head = "a fresh MTP head (no mtp.* weights)" if fresh else "its own MTP head"
+        print(
+            f"init: {FLAGS.init} ({model.num_layers} layers, vocabulary {model.vocab_size}), {head}"
+        )
+    loss = FLAGS.loss or ("distill" if FLAGS.phase == "mtp_only" else "ce")
     tc = TrainConfig(
         steps=FLAGS.steps,
         batch=FLAGS.batch,
@@ -77,15 +101,25 @@ def main(argv):
         warmup=FLAGS.warmup,
         mtp_weight=FLAGS.mtp_weight,
         phase=FLAGS.phase,
+        loss=loss,
         seed=FLAGS.seed,
         save_every=FLAGS.save_every,
         eval_every=FLAGS.eval_every,
         log_every=FLAGS.log_every,
     )
-    root = pathlib.Path(FLAGS.corpus_root) if FLAGS.corpus_root else None
-    corpus = load_corpus(FLAGS.manifest, root=root)
+    if FLAGS.data:
+        corpus = load_text(FLAGS.data, tokenizer)
+        what = f"{FLAGS.data} ({len(corpus.eval_files)} held-out documents)"
+    elif model.vocab_size != ByteTokenizer.vocab_size:
+        raise app.UsageError(
+            f"the model's vocabulary is {model.vocab_size}, not bytes: give --data (its text)"
+        )
+    else:
+        root = pathlib.Path(FLAGS.corpus_root) if FLAGS.corpus_root else None
+        corpus = load_corpus(FLAGS.manifest, root=root)
+        what = "the stdlib corpus"
     print(f"model: {dataclasses.asdict(model)}")
-    print(f"corpus: {len(corpus.train):,} train bytes, {len(corpus.eval):,} held-out bytes")
+    print(f"data: {what}: {len(corpus.train):,} train tokens, {len(corpus.eval):,} held-out")
     _, metrics = train(
         model, tc, corpus, FLAGS.workdir, init=init, kill_at_step=FLAGS.kill_at_step, mesh=mesh,
         allow_config_change=FLAGS.allow_config_change,

@@ -1,14 +1,17 @@
-"""Training: offline corpus (``data``), optax training with an MTP loss and orbax
-resume (``train``)."""
+"""Training: offline corpus and your own text (``data``), a base model with its MTP head or a fresh
+one (``heads``), optax training with an MTP loss and orbax resume (``train``)."""
 
-from mtpspec.training.data import build_manifest, load_corpus
+from mtpspec.training.data import build_manifest, load_corpus, load_text
+from mtpspec.training.heads import load_base
 from mtpspec.training.train import TrainConfig, evaluate, losses, train
 
 __all__ = [
     "TrainConfig",
     "build_manifest",
     "evaluate",
+    "load_base",
     "load_corpus",
+    "load_text",
     "losses",
     "train",
 ]

@@ -3,7 +3,13 @@
 Loss: next-token cross-entropy of the trunk plus ``mtp_weight`` × the MTP head's cross-entropy
 (row i: final-normed hidden h_i with token i+1 predicts token i+2 — the same pairing the
 speculative proposer uses). ``phase="mtp_only"`` freezes the trunk (and the shared embedding /
-head) and trains only the MTP module against it (distillation of the head on a fixed trunk).
+head: gradients are taken for ``params["mtp"]`` only, and the optimizer — an optax
+``multi_transform`` with ``set_to_zero`` for the rest — keeps moments for the head alone) and
+trains the MTP module against it, with ``loss="distill"`` (KL from the trunk's own next-token
+distribution at row i+1, i.e. the base model's law of token i+2: what greedy acceptance asks the
+head to match) or ``loss="ce"`` (the data's token i+2). Every MTP run also reports ``mtp_agree``:
+how often the head's argmax equals the trunk's at the same token — the greedy acceptance rate of
+the first draft.
 
 Resume: an orbax ``CheckpointManager`` keeps the last checkpoints of {params, opt_state}; batches
 are a pure function of (seed, step) (``data.batch_at``), so a run killed at any point and started
@@ -51,6 +57,7 @@ class TrainConfig:
     clip: float = 1.0
     mtp_weight: float = 0.5
     phase: str = "joint"  # "joint" | "mtp_only"
+    loss: str = "ce"  # the MTP head's loss: "ce" (data) | "distill" (mtp_only: the trunk's law)
     seed: int = 0
     save_every: int = 100
     eval_every: int = 100
@@ -60,6 +67,13 @@ class TrainConfig:
     def __post_init__(self):
         if self.phase not in ("joint", "mtp_only"):
             raise ValueError(f"phase must be 'joint' or 'mtp_only', got {self.phase!r}")
+        if self.loss not in ("ce", "distill"):
+            raise ValueError(f"loss must be 'ce' or 'distill', got {self.loss!r}")
+        if self.loss == "distill" and self.phase != "mtp_only":
+            raise ValueError(
+                "loss='distill' needs phase='mtp_only' (the target is the trunk's own "
+                "distribution, which must be frozen)"
+            )
         for name in ("steps", "batch", "seq_len", "save_every", "eval_every", "log_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
@@ -84,7 +98,8 @@ def _cross_entropy(logits, targets):
 
 
 def losses(config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk: bool = False):
-    """batch [b, t + 1] -> dict(main, mtp, mtp_acc) (cross-entropies in nats/token)."""
+    """batch [b, t + 1] -> dict(main, mtp, mtp_acc, mtp_kl, mtp_agree) (nats/token; mtp_kl is
+    KL(trunk's law of token i+2 || head's), mtp_agree the share of rows whose argmax agree)."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
     b = inputs.shape[0]
     logits, hidden = decoder.forward_impl(config, params, inputs, "chunk")
@@ -96,24 +111,39 @@ def losses(config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk:
         mtp_logits, _ = decoder.mtp_forward_impl(config, params, h[:, :-1], inputs[:, 1:], zeros)
         out["mtp"] = _cross_entropy(mtp_logits, targets[:, 1:])
         out["mtp_acc"] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, 1:])
+        base = jax.lax.stop_gradient(logits[:, 1:])  # row i + 1: the trunk's law of token i + 2
+        logp_base = jax.nn.log_softmax(base.astype(jnp.float32), axis=-1)
+        logq = jax.nn.log_softmax(mtp_logits.astype(jnp.float32), axis=-1)
+        kl = jnp.sum(jnp.exp(logp_base) * (logp_base - logq), axis=-1)
+        out["mtp_kl"] = jnp.mean(kl)
+        out["mtp_agree"] = jnp.mean(jnp.argmax(mtp_logits, -1) == jnp.argmax(base, -1))
     return out
 
 
-def make_optimizer(tc: TrainConfig):
-    schedule = optax.warmup_cosine_decay_schedule(
+def learning_rate(tc: TrainConfig):
+    """The schedule: linear warm-up to ``lr``, cosine decay to 5 % of it at ``steps``."""
+    return optax.warmup_cosine_decay_schedule(
         0.0, tc.lr, warmup_steps=tc.warmup, decay_steps=max(tc.steps, tc.warmup + 1),
         end_value=tc.lr * 0.05,
     )  # fmt: skip
-    return optax.chain(
+
+
+def _labels(params):
+    """ "train" for the MTP head, "frozen" for everything else (mtp_only)."""
+    return {k: jax.tree.map(lambda _, k=k: "train" if k == "mtp" else "frozen", v)
+            for k, v in params.items()}  # fmt: skip
+
+
+def make_optimizer(tc: TrainConfig):
+    """AdamW with global-norm clipping. ``mtp_only``: the same on the MTP head alone, through
+    ``optax.multi_transform``; the rest gets ``set_to_zero`` (no updates, no optimizer state)."""
+    adamw = optax.chain(
         optax.clip_by_global_norm(tc.clip),
-        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=tc.weight_decay),
+        optax.adamw(learning_rate(tc), b1=0.9, b2=0.95, weight_decay=tc.weight_decay),
     )
-
-
-def _trainable_mask(params, phase):
-    if phase == "joint":
-        return jax.tree.map(lambda _: True, params)
-    return {k: jax.tree.map(lambda _, k=k: k == "mtp", v) for k, v in params.items()}
+    if tc.phase == "joint":
+        return adamw
+    return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, _labels)
 
 
 def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer, *, mesh=None):
@@ -127,17 +157,20 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer, *, mesh=Non
     def loss_fn(params, batch):
         parts = losses(config, params, batch, detach_trunk=tc.phase == "mtp_only")
         if tc.phase == "mtp_only":
-            total = parts["mtp"]
+            total = parts["mtp_kl"] if tc.loss == "distill" else parts["mtp"]
         else:
             total = parts["main"] + tc.mtp_weight * parts.get("mtp", 0.0)
         return total, parts
 
     def step(params, opt_state, batch):
-        (total, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        if tc.phase == "mtp_only":  # gradients of the head only; the trunk gets zeros (unused)
+            (total, parts), g_mtp = jax.value_and_grad(
+                lambda m: loss_fn({**params, "mtp": m}, batch), has_aux=True
+            )(params["mtp"])
+            grads = {**jax.tree.map(jnp.zeros_like, params), "mtp": g_mtp}
+        else:
+            (total, parts), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        if tc.phase == "mtp_only":  # the trunk stays fixed (no decay either)
-            keep = _trainable_mask(params, tc.phase)
-            updates = jax.tree.map(lambda u, k: u if k else jnp.zeros_like(u), updates, keep)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": total, **parts}
 
@@ -215,6 +248,33 @@ def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, me
 
 def _no_log(*_):
     pass
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _metric_writer(logdir: pathlib.Path):
+    """TensorBoard event files (tensorboardX) beside metrics.jsonl; None without the package."""
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:  # pragma: no cover - a dependency; only metrics.jsonl then
+        return None
+    return SummaryWriter(logdir=str(logdir))
+
+
+def _progress(start: int, total: int, primary: bool):
+    """A tqdm bar with ETA on an interactive terminal (None elsewhere: logs get the lines)."""
+    import sys
+
+    if not primary or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
 
 
 def _read_metrics(path: pathlib.Path, upto: int, log=_no_log) -> list[dict]:
@@ -354,38 +414,65 @@ def train(
         corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
     )
     last_eval: dict[str, Any] = {}
-    t_last, tokens_since = time.perf_counter(), 0
+    schedule = learning_rate(tc)
+    writer = _metric_writer(workdir / "tb") if primary else None
+    bar = _progress(start, tc.steps, primary)
+    timed_s, timed_steps, window_s, window_tokens = 0.0, 0, 0.0, 0
     with metrics_path.open("a") if primary else open(os.devnull, "w") as metrics:
         for step in range(start + 1, tc.steps + 1):
             batch = data_lib.batch_at(
                 corpus.train, step, batch=tc.batch, seq_len=tc.seq_len, seed=tc.seed
             )
+            t0 = time.perf_counter()
             params, opt_state, m = train_step(params, opt_state, batch)
-            m = {k: float(sharding.to_host(v)) for k, v in m.items()}
-            tokens_since += tc.batch * tc.seq_len
+            m = {k: float(sharding.to_host(v)) for k, v in m.items()}  # waits for the step
+            dt = time.perf_counter() - t0
+            if step > start + 1:  # this process's first step compiles: not a rate
+                timed_s, timed_steps = timed_s + dt, timed_steps + 1
+                window_s, window_tokens = window_s + dt, window_tokens + tc.batch * tc.seq_len
+            m["lr"] = float(schedule(step - 1))  # the rate this step's update used
             metrics.write(json.dumps({"step": step, **m}) + "\n")
             metrics.flush()
             if kill_at_step == step:
                 os.kill(os.getpid(), signal.SIGKILL)
+            rate = window_tokens / window_s if window_s > 0 else float("nan")
+            if writer is not None:
+                for k, v in m.items():
+                    writer.add_scalar(f"train/{k}", v, step)
+                if window_s > 0:
+                    writer.add_scalar("train/tokens_per_s", rate, step)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.2e}", refresh=False)
             if step % tc.log_every == 0 or step == tc.steps:
-                now = time.perf_counter()
-                rate = tokens_since / max(now - t_last, 1e-9)
-                t_last, tokens_since = now, 0
-                bar = "#" * int(30 * step / tc.steps)
+                eta = (tc.steps - step) * timed_s / timed_steps if timed_steps else float("nan")
+                mtp = m.get("mtp", float("nan"))
                 log(
-                    f"[{bar:<30}] step {step}/{tc.steps} loss {m['loss']:.4f} "
-                    f"main {m['main']:.4f} mtp {m.get('mtp', float('nan')):.4f} {rate:,.0f} tok/s"
+                    f"step {step}/{tc.steps} loss {m['loss']:.4f} main {m['main']:.4f} "
+                    f"mtp {mtp:.4f} agree {m.get('mtp_agree', float('nan')):.3f} "
+                    f"lr {m['lr']:.2e} {rate:,.0f} tok/s eta {_duration(eta)}"
                 )
+                window_s, window_tokens = 0.0, 0
             if step % tc.eval_every == 0 or step == tc.steps:
                 last_eval = evaluate(config, params, held, mesh=mesh)
                 log(
-                    f"  held-out: main {last_eval['main']:.4f} nats/byte, "
+                    f"  held-out: main {last_eval['main']:.4f} nats/token, "
                     f"mtp {last_eval.get('mtp', float('nan')):.4f}, "
-                    f"mtp top-1 {last_eval.get('mtp_acc', float('nan')):.3f}"
+                    f"mtp KL {last_eval.get('mtp_kl', float('nan')):.4f}, "
+                    f"mtp top-1 {last_eval.get('mtp_acc', float('nan')):.3f}, "
+                    f"agrees with the trunk {last_eval.get('mtp_agree', float('nan')):.3f}"
                 )
+                if writer is not None:
+                    for k, v in last_eval.items():
+                        writer.add_scalar(f"eval/{k}", v, step)
+                    writer.flush()
             if step % tc.save_every == 0 or step == tc.steps:
                 manager.save(step, args=ocp.args.StandardSave({"params": params, "opt": opt_state}))
                 manager.wait_until_finished()
+    if bar is not None:
+        bar.close()
+    if writer is not None:
+        writer.close()
     manager.close()
     final = workdir / "final"
     save_params(final, config, params, overwrite=True)
