@@ -122,3 +122,123 @@ def test_sigkilled_run_resumes_with_the_same_loss_curve(tmp_path):
     got_steps, got_losses = _losses(tmp_path / "run")
     assert got_steps == ref_steps == list(range(1, 15))
     np.testing.assert_allclose(got_losses, ref_losses, rtol=1e-6)
+
+
+# ---- MTP heads for any base (issue 18) -----------------------------------------------------------
+
+
+def _leaf_floats(tree) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree) if hasattr(x, "shape"))
+
+
+def test_mtp_only_optimizer_holds_state_for_the_head_alone():
+    config = C.tiny_hybrid(vocab_size=256)
+    params = models.init_params(config, jax.random.key(0))
+    joint = make_optimizer(TrainConfig(steps=10, phase="joint")).init(params)
+    mtp_only = make_optimizer(TrainConfig(steps=10, phase="mtp_only", loss="distill"))
+    state = mtp_only.init(params)
+    head = _leaf_floats(params["mtp"])
+    assert _leaf_floats(joint) >= 2 * _leaf_floats(params)  # AdamW: two moments per weight
+    assert 2 * head <= _leaf_floats(state) <= 2 * head + 16  # moments of the head + counters
+
+
+@pytest.mark.parametrize("loss", ["distill", "ce"])
+def test_mtp_only_training_lowers_its_loss_and_keeps_the_trunk(loss):
+    config = C.tiny_hybrid(vocab_size=64)
+    params = models.init_params(config, jax.random.key(1), norm_scale=0.1)
+    tc = TrainConfig(steps=30, batch=4, seq_len=24, phase="mtp_only", loss=loss, warmup=2, lr=1e-2)
+    opt = make_optimizer(tc)
+    step = make_train_step(config, tc, opt)
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 64, (4, 25))
+    batch = jnp.asarray(np.where(rng.random((4, 25)) < 0.8, base % 8, base), jnp.int32)
+    state, new, first = opt.init(params), params, None
+    for _ in range(30):
+        new, state, m = step(new, state, batch)
+        first = first if first is not None else m
+    key = "mtp_kl" if loss == "distill" else "mtp"
+    assert float(m[key]) < 0.7 * float(first[key]) and float(m["mtp_kl"]) >= 0
+    assert 0 <= float(m["mtp_agree"]) <= 1
+    trunk = {k: v for k, v in params.items() if k != "mtp"}
+    assert all(
+        bool(jnp.all(a == b))
+        for a, b in zip(jax.tree.leaves(trunk), jax.tree.leaves({k: new[k] for k in trunk}))
+    )
+
+
+def test_distill_needs_the_mtp_only_phase():
+    with pytest.raises(ValueError, match="needs phase='mtp_only'"):
+        TrainConfig(phase="joint", loss="distill")
+    with pytest.raises(ValueError, match="loss must be"):
+        TrainConfig(loss="kl")
+
+
+def test_load_text_reads_files_directories_and_jsonl(tmp_path):
+    tok = ByteTokenizer(eos_token_ids=[0])
+    d = tmp_path / "d"
+    (d / "sub").mkdir(parents=True)
+    for i in range(30):
+        (d / "sub" / f"f{i}.txt").write_text(f"document {i} " * 20)
+    (d / ".hidden").write_text("never read")
+    (d / "blob.bin").write_bytes(b"\xff\xfe\x00binary")
+    corpus = data_lib.load_text(d, tok)
+    assert corpus.train.dtype == np.int32 and len(corpus.eval_files) >= 1
+    assert int((corpus.train == 0).sum()) + int((corpus.eval == 0).sum()) == 30  # EOS between
+    assert not any("hidden" in f or "blob" in f for f in corpus.eval_files)
+    rows = [json.dumps({"text": f"row {i} " * 10}) for i in range(25)]
+    (tmp_path / "x.jsonl").write_text("\n".join(rows) + "\n")
+    j = data_lib.load_text(tmp_path / "x.jsonl", ByteTokenizer())
+    assert len(j.train) + len(j.eval) == sum(len(f"row {i} " * 10) + 2 for i in range(25))
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"txt": 1}\n')
+    with pytest.raises(ValueError, match="line 2 has no string field 'text'"):
+        data_lib.load_text(tmp_path / "bad.jsonl", ByteTokenizer())
+    (tmp_path / "one.txt").write_text("x" * 10)
+    with pytest.raises(ValueError, match="held-out tokens"):
+        data_lib.load_text(tmp_path / "one.txt", ByteTokenizer())
+    with pytest.raises(OSError, match="no training data"):
+        data_lib.load_text(tmp_path / "missing", ByteTokenizer())
+
+
+def test_fresh_head_for_an_hf_base_without_mtp_end_to_end(tmp_path):
+    """experiments.train --init=<HF dir without mtp.*> --phase=mtp_only --data=<dir>: a fresh
+    head is trained, the trunk is bit for bit the base's, greedy output is unchanged, W/final
+    loads with checkpoints.load and has an MTP head; metrics carry the learning rate and
+    TensorBoard events are written."""
+    import dataclasses
+
+    import mtpspec
+    from mtpspec import checkpoints
+
+    config = dataclasses.replace(C.tiny_hybrid(vocab_size=256), mtp_num_layers=0)
+    params = models.init_params(config, jax.random.key(2), norm_scale=0.1)
+    params = {k: v for k, v in params.items() if k != "mtp"}
+    base = tmp_path / "base"
+    checkpoints.save_hf(config, params, base, tokenizer=ByteTokenizer())
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_files(data, n=20)
+    work = tmp_path / "w"
+    cmd = [
+        sys.executable, "-m", "experiments.train", f"--init={base}", "--phase=mtp_only",
+        f"--data={data}", "--steps=12", f"--workdir={work}", "--batch=2", "--seq_len=32",
+        "--save_every=6", "--eval_every=6", "--log_every=4", "--warmup=2",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "a fresh MTP head" in proc.stdout and "eta" in proc.stdout
+    cfg, trained = checkpoints.load(work / "final")
+    assert cfg.mtp_num_layers == 1 and "mtp" in trained
+    base_cfg, base_params = checkpoints.load(base)
+    for a, b in zip(jax.tree.leaves(base_params), jax.tree.leaves(
+        {k: trained[k] for k in base_params}), strict=True):  # fmt: skip
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    prompts = [[100, 101, 102, 32, 40], [61, 62]]
+    plain = mtpspec.generate(base_cfg, base_params, prompts, max_new_tokens=12).tokens
+    assert mtpspec.generate(cfg, trained, prompts, max_new_tokens=12).tokens == plain
+    spec = mtpspec.SpecConfig("mtp", 2)
+    assert mtpspec.generate(cfg, trained, prompts, max_new_tokens=12, speculative=spec).tokens == (
+        plain
+    )
+    rows = [json.loads(x) for x in (work / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all("lr" in r and "mtp_kl" in r for r in rows)
+    assert list((work / "tb").glob("events.out.tfevents.*"))
