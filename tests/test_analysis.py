@@ -108,3 +108,21 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
                 assert row[piece] > 0, (impl, t, piece)
     if len(linears["impls"]) > 1:  # the kernel is built: plain greedy with XLA's dots swept too
         assert result["plain_linears"]["same_tokens"]
+
+
+def test_acceptance_by_context_position_by_hand():
+    from mtpspec.decoding.stats import by_context_position
+
+    # prompt 5: steps start at 6, then 6+3=9, 9+1=10, 10+4=14 (−1: inactive, skipped)
+    # prompt 1: steps start at 2, 2+2=4
+    rows = by_context_position([5, 1], [[2, 0, 3, 1, -1], [1, 0]], k=3, bucket=8)
+    assert [r["start"] for r in rows] == [0, 8]
+    first, second = rows
+    assert first["steps"] == 3 and first["tau"] == pytest.approx((3 + 2 + 1) / 3)  # 6, 2, 4
+    assert first["position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 0.0])
+    assert second["steps"] == 3 and second["tau"] == pytest.approx((1 + 4 + 2) / 3)  # 9, 10, 14
+    assert second["position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    with pytest.raises(ValueError, match="bucket must be"):
+        by_context_position([5], [[1]], k=1, bucket=0)
+    with pytest.raises(ValueError, match="prompt lengths"):
+        by_context_position([5, 6], [[1]], k=1, bucket=4)
