@@ -64,8 +64,8 @@ def _mapping(value, what: str) -> Mapping[str, Any]:
     return value
 
 
-def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
-    """ModelConfig from an HF config dict, a config.json path, or a checkpoint directory."""
+def _read(cfg) -> Mapping[str, Any]:
+    """The config dict of a dict, a config.json path or a checkpoint directory."""
     if not isinstance(cfg, Mapping):
         path = os.fspath(cfg)
         if os.path.isdir(path):
@@ -77,7 +77,12 @@ def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
             raise OSError(f"no HF config at {path}") from e
         except json.JSONDecodeError as e:
             raise ValueError(f"HF config {path} is not valid JSON: {e}") from e
-    cfg = _mapping(cfg, "an HF config")
+    return _mapping(cfg, "an HF config")
+
+
+def from_hf_config(cfg: Mapping[str, Any] | str | os.PathLike) -> ModelConfig:
+    """ModelConfig from an HF config dict, a config.json path, or a checkpoint directory."""
+    cfg = _read(cfg)
     model_type = cfg.get("model_type")
     top = cfg
     if "text_config" in cfg:  # released Qwen3.5 layout (ConditionalGeneration)

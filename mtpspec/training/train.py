@@ -257,6 +257,28 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _log_progress(log, step: int, steps: int, m: dict, rate: float, eta: float) -> None:
+    nan = float("nan")
+    log(
+        f"step {step}/{steps} loss {m['loss']:.4f} main {m['main']:.4f} "
+        f"mtp {m.get('mtp', nan):.4f} agree {m.get('mtp_agree', nan):.3f} "
+        f"lr {m['lr']:.2e} {rate:,.0f} tok/s eta {_duration(eta)}"
+    )
+
+
+def _log_eval(log, writer, step: int, ev: dict) -> None:
+    nan = float("nan")
+    log(
+        f"  held-out: main {ev['main']:.4f} nats/token, mtp {ev.get('mtp', nan):.4f}, "
+        f"mtp KL {ev.get('mtp_kl', nan):.4f}, mtp top-1 {ev.get('mtp_acc', nan):.3f}, "
+        f"agrees with the trunk {ev.get('mtp_agree', nan):.3f}"
+    )
+    if writer is not None:
+        for k, v in ev.items():
+            writer.add_scalar(f"eval/{k}", v, step)
+        writer.flush()
+
+
 def _metric_writer(logdir: pathlib.Path):
     """TensorBoard event files (tensorboardX) beside metrics.jsonl; None without the package."""
     try:
@@ -353,6 +375,30 @@ def _restore_latest(manager, params, opt_state, log):
     return params, opt_state, 0
 
 
+def _check_mesh_batch(mesh, tc: TrainConfig):
+    if mesh is None:
+        return None
+    mesh = sharding.check_mesh(mesh)
+    d = mesh.shape[sharding.DATA]
+    if tc.batch % d:
+        raise ValueError(f"batch size {tc.batch} does not divide by the data axis ({d})")
+    return mesh
+
+
+def _initial_params(config: ModelConfig, tc: TrainConfig, init, mesh) -> dict:
+    """``init`` checked (tree, finite), or a fresh model; placed on ``mesh``."""
+    if init is None:
+        params = init_params(config, jax.random.key(tc.seed))
+        params["embed"] = params["embed"] * 0.04  # std 0.02: tied logits start near uniform
+    else:
+        check_param_tree(config, init, name="init")
+        check_finite(init)  # training from NaN weights trains and saves NaN
+        params = init
+    if mesh is not None:
+        params = sharding.shard_params(config, params, mesh)
+    return params
+
+
 def train(
     config: ModelConfig,
     tc: TrainConfig,
@@ -367,9 +413,9 @@ def train(
 ) -> tuple[dict, dict]:
     """Train (or resume) in ``workdir``; returns (params, last eval metrics).
 
-    ``workdir/checkpoints`` holds the orbax checkpoints, ``workdir/metrics.jsonl`` the per-step
-    losses, ``workdir/final`` the final params (``checkpoints.restore_params``).
-    ``kill_at_step`` (a test hook) SIGKILLs this very process right after that step's metrics line,
+    ``workdir/checkpoints``: orbax checkpoints; ``metrics.jsonl``: per-step metrics (``tb/``: the
+    same as TensorBoard events); ``final``: the final params (``checkpoints.load``).
+    ``kill_at_step`` (a test hook) SIGKILLs this process right after that step's metrics line,
     before any checkpoint of that step: the hardest place to resume from.
     ``mesh``: train sharded over a (data, model) mesh (``mtpspec.sharding``); checkpoints are
     written and restored in that layout (orbax, per shard).
@@ -377,24 +423,12 @@ def train(
     ``workdir/train_config.json`` records ``tc``, and a resume with other hyper-parameters
     (besides the intervals in ``RESUMABLE_CHANGES``) is refused unless ``allow_config_change``.
     metrics.jsonl is rewound atomically; a torn last line is dropped."""
-    if mesh is not None:  # checked before any device work
-        mesh = sharding.check_mesh(mesh)
-        d = mesh.shape[sharding.DATA]
-        if tc.batch % d:
-            raise ValueError(f"batch size {tc.batch} does not divide by the data axis ({d})")
+    mesh = _check_mesh_batch(mesh, tc)  # before any device work
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     _check_resume_config(workdir, tc, allow_config_change, log, write=jax.process_index() == 0)
     optimizer = make_optimizer(tc)
-    if init is None:
-        params = init_params(config, jax.random.key(tc.seed))
-        params["embed"] = params["embed"] * 0.04  # std 0.02: tied logits start near uniform
-    else:
-        check_param_tree(config, init, name="init")
-        check_finite(init)  # training from NaN weights trains and saves NaN
-        params = init
-    if mesh is not None:
-        params = sharding.shard_params(config, params, mesh)
+    params = _initial_params(config, tc, init, mesh)
     opt_state = init_opt_state(config, optimizer, params, mesh=mesh)
     # Multi-host: every process trains; only process 0 writes metrics.jsonl and logs.
     primary = jax.process_index() == 0
@@ -446,26 +480,11 @@ def train(
                 bar.set_postfix(loss=f"{m['loss']:.4f}", lr=f"{m['lr']:.2e}", refresh=False)
             if step % tc.log_every == 0 or step == tc.steps:
                 eta = (tc.steps - step) * timed_s / timed_steps if timed_steps else float("nan")
-                mtp = m.get("mtp", float("nan"))
-                log(
-                    f"step {step}/{tc.steps} loss {m['loss']:.4f} main {m['main']:.4f} "
-                    f"mtp {mtp:.4f} agree {m.get('mtp_agree', float('nan')):.3f} "
-                    f"lr {m['lr']:.2e} {rate:,.0f} tok/s eta {_duration(eta)}"
-                )
+                _log_progress(log, step, tc.steps, m, rate, eta)
                 window_s, window_tokens = 0.0, 0
             if step % tc.eval_every == 0 or step == tc.steps:
                 last_eval = evaluate(config, params, held, mesh=mesh)
-                log(
-                    f"  held-out: main {last_eval['main']:.4f} nats/token, "
-                    f"mtp {last_eval.get('mtp', float('nan')):.4f}, "
-                    f"mtp KL {last_eval.get('mtp_kl', float('nan')):.4f}, "
-                    f"mtp top-1 {last_eval.get('mtp_acc', float('nan')):.3f}, "
-                    f"agrees with the trunk {last_eval.get('mtp_agree', float('nan')):.3f}"
-                )
-                if writer is not None:
-                    for k, v in last_eval.items():
-                        writer.add_scalar(f"eval/{k}", v, step)
-                    writer.flush()
+                _log_eval(log, writer, step, last_eval)
             if step % tc.save_every == 0 or step == tc.steps:
                 manager.save(step, args=ocp.args.StandardSave({"params": params, "opt": opt_state}))
                 manager.wait_until_finished()
