@@ -260,6 +260,18 @@ def _check_export_args(config, family, dtype, max_position_embeddings) -> tuple[
     return family, dtype
 
 
+def _moe_keys(c: ModelConfig) -> dict:
+    """The MoE keys both families' configs share."""
+    return {
+        "num_experts": c.num_experts,
+        "num_experts_per_tok": c.num_experts_per_tok,
+        "moe_intermediate_size": c.moe_intermediate_size,
+        "shared_expert_intermediate_size": c.shared_expert_intermediate_size,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+    }
+
+
 def hf_config_dict(
     config: ModelConfig,
     *,
@@ -320,24 +332,14 @@ def hf_config_dict(
             out["architectures"] = ["Qwen3_5MoeForCausalLM"]
             out["model_type"] = "qwen3_5_moe_text"
             del out["intermediate_size"]
-            out["num_experts"] = c.num_experts
-            out["num_experts_per_tok"] = c.num_experts_per_tok
-            out["moe_intermediate_size"] = c.moe_intermediate_size
-            out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
-            out["output_router_logits"] = False
-            out["router_aux_loss_coef"] = 0.001
+            out.update(_moe_keys(c))
     else:
         out["architectures"] = ["Qwen3NextForCausalLM"]
         out["model_type"] = "qwen3_next"
         out["decoder_sparse_step"] = 1
         out["mlp_only_layers"] = [i for i, t in enumerate(c.mlp_types) if t == "dense"]
-        out["num_experts"] = c.num_experts
-        out["num_experts_per_tok"] = c.num_experts_per_tok
-        out["moe_intermediate_size"] = c.moe_intermediate_size
-        out["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size
         out["norm_topk_prob"] = c.norm_topk_prob
-        out["output_router_logits"] = False
-        out["router_aux_loss_coef"] = 0.001
+        out.update(_moe_keys(c))
     out["rope_parameters"] = rope
     out = dict(sorted(out.items()))
 
