@@ -2,13 +2,14 @@
 
     python -m experiments.shape_sweep --shapes=6x128,8x256,12x256,12x384,16x384 --num_draft=2,3
 
-For each shape LxH (L layers, full attention every third like the default model, hidden H; heads
-of 32 / 64 dims sized from H as below; dense MLP 3H; byte vocabulary; one MTP layer; random
-weights: the costs do not depend on what the weights are), ``analysis.piece_costs`` times, in one
-process and round-robin, a one-token ``step``, a (k+1)-token ``verify`` window, the ``replay``
-commit and ``draft_mtp`` (k MTP drafts + the update), on the post-prefill state of a 64-token
-prompt with generate's capacity. Printed per shape and k: parameters, step time, r(k+1) =
-verify / step, draft cost per draft in steps, and the *projected* speed-up
+For each shape LxH (``config.default_like(L, H)``: L layers, full attention every third like the
+default model, hidden H, heads of 32 / 64 dims sized from H, dense MLP 3H, byte vocabulary, one
+MTP layer; random weights: the costs do not depend on what the weights are),
+``analysis.piece_costs`` times, in one process and round-robin, a one-token ``step``, a
+(k+1)-token ``verify`` window, the ``replay`` commit and ``draft_mtp`` (k MTP drafts + the
+update), on the post-prefill state of a 64-token prompt with generate's capacity. Printed per
+shape and k: parameters, step time, r(k+1) = verify / step, draft cost per draft in steps, and
+the *projected* speed-up
 
     τ(k) / ((verify + commit + draft_mtp) / step)
 
@@ -37,22 +38,6 @@ flags.DEFINE_integer("prompt_len", 64, "Prompt tokens before the timed state.")
 flags.DEFINE_integer("repeats", 7, "Round-robin repeats per piece (medians).")
 
 
-def shape(layers: int, hidden: int) -> C.ModelConfig:
-    """A default-model-like shape: full attention every 3rd layer, head dims 32 (H ≤ 128) else 64,
-    attention heads H / head_dim with a quarter as KV heads, GDN key heads H / (2·dim) and twice
-    as many value heads, dense MLP 3H."""
-    dim = 32 if hidden <= 128 else 64
-    heads = max(hidden // dim, 1)
-    types = tuple(C.FULL if (i + 1) % 3 == 0 else C.LINEAR for i in range(layers))
-    return C.default_model(
-        hidden_size=hidden, layer_types=types, mlp_types=("dense",) * layers,
-        num_attention_heads=heads, num_key_value_heads=max(heads // 4, 1), head_dim=dim,
-        linear_num_key_heads=max(hidden // (2 * dim), 1),
-        linear_num_value_heads=2 * max(hidden // (2 * dim), 1),
-        linear_key_head_dim=dim, linear_value_head_dim=dim, intermediate_size=3 * hidden,
-    )  # fmt: skip
-
-
 def count(config) -> int:
     import math
 
@@ -74,7 +59,7 @@ def main(argv):
           f"{'draft/step':>10} {'commit/step':>11} {'projected':>9}")  # fmt: skip
     for s in FLAGS.shapes:
         layers, hidden = (int(x) for x in s.lower().split("x"))
-        config = shape(layers, hidden)
+        config = C.default_like(layers, hidden)
         params = init_params(config, jax.random.key(0), norm_scale=0.1)
         for k in ks:
             cap = decoding.default_capacity(len(prompt), 128, k)

@@ -39,6 +39,9 @@ cli.define_mesh()
 flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, final params).")
 flags.DEFINE_enum("preset", "default", ["default", "tiny"], "Model shape.")
 flags.DEFINE_string(
+    "shape", None, "LAYERSxHIDDEN: config.default_like at that size (overrides --preset)."
+)
+flags.DEFINE_string(
     "manifest",
     str(
         pathlib.Path(__file__).resolve().parent.parent
@@ -85,6 +88,13 @@ def main(argv):
 
     mesh = cli.setup_mesh()  # first: multi-host start-up precedes any JAX work
     model = C.default_model() if FLAGS.preset == "default" else C.tiny_hybrid(vocab_size=256)
+    if FLAGS.shape:
+        try:
+            layers, hidden = (int(x) for x in FLAGS.shape.lower().split("x"))
+        except ValueError as e:
+            msg = f"--shape must be LAYERSxHIDDEN, e.g. 12x256, got {FLAGS.shape!r}"
+            raise app.UsageError(msg) from e
+        model = C.default_like(layers, hidden)
     init, tokenizer = None, ByteTokenizer()
     if FLAGS.init:
         model, init, tokenizer, fresh = load_base(FLAGS.init, seed=FLAGS.seed, mesh=mesh)

@@ -198,6 +198,30 @@ def default_model(**overrides) -> ModelConfig:
     return dataclasses.replace(base, **overrides)
 
 
+def default_like(layers: int, hidden: int, **overrides) -> ModelConfig:
+    """The default model's family at another size (``experiments.shape_sweep`` measures what
+    each costs): full attention every third layer, head dims 32 (H ≤ 128) else 64, attention
+    heads H / head_dim with a quarter as KV heads (at least one), GDN key heads H / (2·dim) with
+    twice as many value heads, dense MLP 3H, byte vocabulary, one MTP layer."""
+    dim = 32 if hidden <= 128 else 64
+    heads = max(hidden // dim, 1)
+    groups = max(hidden // (2 * dim), 1)
+    return default_model(
+        hidden_size=hidden,
+        layer_types=tuple(FULL if (i + 1) % 3 == 0 else LINEAR for i in range(layers)),
+        mlp_types=("dense",) * layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(heads // 4, 1),
+        head_dim=dim,
+        linear_num_key_heads=groups,
+        linear_num_value_heads=2 * groups,
+        linear_key_head_dim=dim,
+        linear_value_head_dim=dim,
+        intermediate_size=3 * hidden,
+        **overrides,
+    )
+
+
 # ---- published shapes (for memory estimates and sharding rules; weights come from load_hf) ----
 
 

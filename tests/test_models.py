@@ -228,3 +228,18 @@ def test_config_rejects_bad_values():
         )
     with pytest.raises(ValueError, match="unsupported model_type"):
         checkpoints.from_hf_config({"model_type": "llama"})
+
+
+def test_default_like_scales_the_default_family():
+    from mtpspec import config as C
+    from mtpspec.models.params import param_shapes
+
+    def count(cfg):
+        leaves = jax.tree.leaves(param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+        return sum(int(np.prod(s)) for s in leaves)
+
+    small = C.default_like(6, 128)
+    assert small.layer_types == C.default_model().layer_types and small.vocab_size == 256
+    big = C.default_like(12, 256)
+    assert big.num_layers == 12 and big.layer_types.count(C.FULL) == 4 and big.head_dim == 64
+    assert 11.0e6 < count(big) < 11.3e6  # experiments.shape_sweep's 11.15M
