@@ -165,10 +165,10 @@ def quiet_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def eos_ids(tok) -> list[int] | None:
-    """--eos: auto (the tokenizer's / checkpoint's EOS ids), none, or ids."""
+def eos_ids():
+    """--eos: auto (``text_api.AUTO``: the checkpoint tokenizer's EOS ids), none, or ids."""
     if FLAGS.eos == "auto":
-        return list(getattr(tok, "eos_token_ids", ()) or ()) or None
+        return text_api.AUTO
     if FLAGS.eos == "none":
         return None
     try:
@@ -219,7 +219,7 @@ def single(mesh=None):
     options = dict(
         max_new_tokens=FLAGS.max_new_tokens, speculative=speculation(config),
         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, min_p=FLAGS.min_p,
-        seed=FLAGS.seed, eos_id=eos_ids(tok), linear=FLAGS.linear, mesh=mesh,
+        seed=FLAGS.seed, eos_id=eos_ids(), linear=FLAGS.linear, mesh=mesh,
     )  # fmt: skip
     if FLAGS.max_new_tokens == 0:
         print(f"no tokens generated (max_new_tokens={FLAGS.max_new_tokens})")

@@ -47,6 +47,13 @@ def chat_prompt(tokenizer, user: str, *, system: str | None = None, history=()) 
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
+def _with_default_eos(options: dict, tokenizer) -> dict:
+    """``options`` with ``eos_id`` = the tokenizer's EOS ids when absent or ``AUTO``."""
+    if options.get("eos_id", AUTO) != AUTO:
+        return options
+    return {**options, "eos_id": list(getattr(tokenizer, "eos_token_ids", ())) or None}
+
+
 def _check_stop(stop) -> tuple[str, ...]:
     if isinstance(stop, str):
         stop = (stop,)
@@ -63,12 +70,8 @@ class TextStream:
     def __init__(self, config, params, tokenizer, prompt_ids: list[int], *, stop=(), **options):
         self.tokenizer = tokenizer
         self.stop = _check_stop(stop)
-        if options.get("eos_id", AUTO) == AUTO:
-            options["eos_id"] = list(getattr(tokenizer, "eos_token_ids", ())) or None
-        self.compiled_already = False
-        t0 = time.perf_counter()
+        options = _with_default_eos(options, tokenizer)
         self._prepared = api.prepare(config, params, [list(prompt_ids)], **options)
-        self._prepare_s = time.perf_counter() - t0
         self.result: TextResult | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -78,7 +81,6 @@ class TextStream:
         warm_t, warm_tokens = None, 0  # after the first verify step (both programs compiled)
         hold = max((len(s) for s in self.stop), default=1) - 1
         t0 = time.perf_counter()
-        text = ""
         for item in api.stream_steps(self._prepared):
             now = time.perf_counter()
             if first_s is None:
@@ -89,14 +91,8 @@ class TextStream:
             tokens += item.tokens[0]
             text = self.tokenizer.decode(tokens)
             cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                text, reason = text[:cut], "stop"
-                if len(text) > len(shown):
-                    yield text[len(shown) :]
-                shown = text
-                break
-            if item.stop_reasons[0] is not None:
-                reason = item.stop_reasons[0]
+            if cut >= 0 or item.stop_reasons[0] is not None:  # the end: show everything left
+                text, reason = (text[:cut], "stop") if cut >= 0 else (text, item.stop_reasons[0])
                 if len(text) > len(shown):
                     yield text[len(shown) :]
                 shown = text
@@ -131,8 +127,7 @@ def complete(config, params, tokenizer, prompt_ids: list[int], *, stop=(), **opt
         for _ in stream:
             pass
         return stream.result
-    if options.get("eos_id", AUTO) == AUTO:
-        options["eos_id"] = list(getattr(tokenizer, "eos_token_ids", ())) or None
+    options = _with_default_eos(options, tokenizer)
     result = api.generate(config, params, [list(prompt_ids)], **options)
     tokens = result.tokens[0]
     return TextResult(tokenizer.decode(tokens), tokens, result.stop_reasons[0], result.stats)
