@@ -1,7 +1,9 @@
 """Build step for the optional C++ kernel (everything else is in setup.cfg).
 
-``mtpspec/kernels/cpu_linear.cc`` (a few-row CPU linear) and ``cpu_gdn.cc`` (the gated delta rule
-over a short window), both called from XLA through ``jax.ffi``, are compiled into one library against the XLA FFI headers that jaxlib ships (``jax.ffi.include_dir()``), so jax must be
+``mtpspec/kernels/cpu_linear.cc`` (a few-row CPU linear), ``cpu_gdn.cc`` (the gated delta rule
+over a short window) and ``cpu_attention.cc`` (attention of a short window over its KV cache), all
+called from XLA through ``jax.ffi``, are compiled into one library against the XLA FFI headers
+that jaxlib ships (``jax.ffi.include_dir()``), so jax must be
 importable when this runs: ``make install`` installs it first and builds with
 ``--no-build-isolation``. The kernels are optional: without jax at build time, without a C++
 compiler, or if compiling fails, the install still succeeds without them; at run time
@@ -50,7 +52,11 @@ def _ext_modules():
     return [
         Extension(
             "mtpspec.kernels._cpu_kernels",
-            sources=["mtpspec/kernels/cpu_linear.cc", "mtpspec/kernels/cpu_gdn.cc"],
+            sources=[
+                "mtpspec/kernels/cpu_linear.cc",
+                "mtpspec/kernels/cpu_gdn.cc",
+                "mtpspec/kernels/cpu_attention.cc",
+            ],
             include_dirs=[jax.ffi.include_dir()],
             extra_compile_args=["-O3", "-std=c++17", "-w"],
             language="c++",

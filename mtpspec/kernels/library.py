@@ -1,4 +1,5 @@
-"""The native kernel library (``_cpu_kernels*.so``: cpu_linear.cc + cpu_gdn.cc), loaded once.
+"""The native kernel library (``_cpu_kernels*.so``: cpu_linear.cc, cpu_gdn.cc, cpu_attention.cc),
+loaded once.
 
 ok, why = status()     # (False, reason) when it was not built or cannot run on this CPU
 lib = handle()         # the ctypes handle (only when status() is ok)
@@ -60,8 +61,12 @@ class Target:
             if ok:
                 import jax
 
-                capsule = jax.ffi.pycapsule(getattr(handle(), self.symbol))
-                jax.ffi.register_ffi_target(self.name, capsule, platform="cpu")
+                symbol = getattr(handle(), self.symbol, None)
+                if symbol is None:  # a library built from older sources
+                    ok, why = False, f"the built library lacks {self.symbol}; rerun `make install`"
+                else:
+                    capsule = jax.ffi.pycapsule(symbol)
+                    jax.ffi.register_ffi_target(self.name, capsule, platform="cpu")
             self._status = (ok, why)
         return self._status
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from mtpspec import ops
 from mtpspec.config import ModelConfig
+from mtpspec.kernels import cpu_attention
 from mtpspec.models.inference import FUSED, Linear, fused_name
 from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
 
@@ -133,6 +134,17 @@ def step_attention(
     return o.reshape(b, t, hq, d)
 
 
+def native_attention(p: dict, t: int) -> bool:
+    """Whether an attention block of the decoding tree runs the C++ kernel for a t-token window:
+        its linears are the C++ kernel's ("ffi", chosen by ``decoding``'s ``linear``) and t is at
+        most ``cpu_attention.MAX_T`` (a prompt's prefill uses XLA's form). Same values as XLA's form
+    within float32 rounding (tests/test_cpu_attention.py)."""
+    w = p.get("w_o")
+    if not (isinstance(w, Linear) and w.impl == "ffi" and t <= cpu_attention.MAX_T):
+        return False
+    return cpu_attention.available()  # built with the linear, unless from older sources
+
+
 def attention(
     config: ModelConfig,
     p: dict,
@@ -160,12 +172,16 @@ def attention(
         new_k = cache.k.at[rows, :, positions].set(k, mode="drop")
         new_v = cache.v.at[rows, :, :, positions].set(v, mode="drop")  # v cache [b, g, d, n]
         new_cache = AttentionCache(new_k, new_v)
-        # The same keys either way; each form is the one XLA:CPU runs faster in the compiled
-        # decode loop (A/B in one process, BUILD_NOTES 2026-12-02): a window read after its write
-        # lets XLA update the loop-carried cache in place (reading the old cache beside the write
-        # made it copy each K and V buffer twice per step), while a one-token step is faster
-        # reading beside the write (its write-first form compiles to more copies, not fewer).
-        if t == 1:
+        # The same keys every way. The decoding tree's C++ kernels (linears "ffi") bring a native
+        # attention that reads only the live prefix of the written cache. Otherwise each form is
+        # the one XLA:CPU runs faster in the compiled decode loop (A/B in one process,
+        # BUILD_NOTES 2026-12-02): a window read after its write lets XLA update the loop-carried
+        # cache in place (reading the old cache beside the write made it copy each K and V buffer
+        # twice per step), while a one-token step is faster reading beside the write (its
+        # write-first form compiles to more copies, not fewer).
+        if native_attention(p, t):
+            o = cpu_attention.apply(q, new_k, new_v, positions, hd**-0.5)
+        elif t == 1:
             o = step_attention(q, cache.k, cache.v, k, v, start)
         else:
             o = cached_attention(q, new_k, new_v, positions)

@@ -1,0 +1,153 @@
+// Causal grouped-query attention of a decode step or a short verify window over its KV cache, on
+// CPU, called from XLA through its typed FFI: one call per attention layer in place of the
+// YNNPACK dots XLA:CPU emits for a few query rows (which re-pack the whole cache on every call)
+// and the softmax fusions around them.
+//
+//   q [b, t, hq, d]; k cache [b, g, n, d]; v cache [b, g, d, n] (transposed, as the decode state
+//   keeps it); positions [b, t] int32 -> o [b, t, hq, d]
+//
+// Query row (ti, h) reads kv head h / (hq / g) at cache slots 0 .. positions[b, ti] (the cache
+// already holds the window's own keys): only the live prefix is read, not the whole capacity.
+// Each row's arithmetic is independent of the others and of the window length (a step and a
+// window give bit-identical rows for the same inputs). Single-threaded.
+//
+// Built with cpu_linear.cc and cpu_gdn.cc into one library; loaded by cpu_attention.py.
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+// e^x for x <= 0, 8 lanes: 2^(x log2 e) split into 2^n · e^r with |r| <= ln2 / 2, a degree-6
+// polynomial for e^r (relative error ~2e-7), lanes below -87 flushed to 0.
+__attribute__((target("avx2,fma"))) inline __m256 Exp(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.0f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+__attribute__((target("avx2,fma"))) inline float Sum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Dot product of two float vectors of length m: 8-lane partial sums in a fixed order, then the
+// scalar tail.
+__attribute__((target("avx2,fma"))) inline float Dot(const float* a, const float* b, int64_t m) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= m; i += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+  }
+  for (; i + 8 <= m; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+  float s = Sum(_mm256_add_ps(acc0, acc1));
+  for (; i < m; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// One query row: o = softmax(scale q · K[0:len]) V[0:len], with K [len, d] rows and V^T [d, n].
+__attribute__((target("avx2,fma"))) void Row(const float* q, const float* k, const float* vt,
+                                             int64_t d, int64_t n, int64_t len, float scale,
+                                             float* p, float* qs, float* o) {
+  for (int64_t i = 0; i < d; ++i) qs[i] = q[i] * scale;
+  float m = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) {
+    p[j] = Dot(qs, k + j * d, d);
+    m = std::max(m, p[j]);
+  }
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 den8 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= len; j += 8) {
+    const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv));
+    _mm256_storeu_ps(p + j, e);
+    den8 = _mm256_add_ps(den8, e);
+  }
+  float den = Sum(den8);
+  if (j < len) {  // the tail through one padded vector (lanes beyond len are not stored)
+    float tail[8] = {0};
+    for (int64_t i = j; i < len; ++i) tail[i - j] = p[i] - m;
+    for (int64_t i = len - j; i < 8; ++i) tail[i] = -INFINITY;
+    float e[8];
+    _mm256_storeu_ps(e, Exp(_mm256_loadu_ps(tail)));
+    for (int64_t i = j; i < len; ++i) {
+      p[i] = e[i - j];
+      den += e[i - j];
+    }
+  }
+  const float inv = 1.0f / den;
+  for (int64_t i = 0; i < d; ++i) o[i] = Dot(p, vt + i * n, len) * inv;
+}
+
+ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                     ffi::Buffer<ffi::S32> positions, ffi::ResultBuffer<ffi::F32> o,
+                     float scale) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  auto pd = positions.dimensions(), od = o->dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || pd.size() != 2 || od.size() != 4) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_attention: expected q [b, t, hq, d], k [b, g, n, d], v [b, g, d, n], "
+        "positions [b, t], o [b, t, hq, d]");
+  }
+  const int64_t b = qd[0], t = qd[1], hq = qd[2], d = qd[3], g = kd[1], n = kd[2];
+  if (g <= 0 || hq % g != 0 || kd[0] != b || kd[3] != d || vd[0] != b || vd[1] != g ||
+      vd[2] != d || vd[3] != n || pd[0] != b || pd[1] != t || od[0] != b || od[1] != t ||
+      od[2] != hq || od[3] != d || n <= 0) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_attention: shapes do not match");
+  }
+  const int64_t ratio = hq / g;
+  std::vector<float> p(n), qs(d);
+  const float* qp = q.typed_data();
+  const int32_t* pos = positions.typed_data();
+  float* op = o->typed_data();
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t ti = 0; ti < t; ++ti) {
+      // slots 0..pos visible; a padded query past the capacity reads all of it (its output is
+      // never used), a negative position reads slot 0
+      const int64_t len = std::clamp<int64_t>(int64_t{pos[bi * t + ti]} + 1, 1, n);
+      for (int64_t h = 0; h < hq; ++h) {
+        const int64_t gi = h / ratio;
+        const int64_t row = ((bi * t + ti) * hq + h) * d;
+        Row(qp + row, k.typed_data() + (bi * g + gi) * n * d,
+            v.typed_data() + (bi * g + gi) * d * n, d, n, len, scale, p.data(), qs.data(),
+            op + row);
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuAttention, Attention,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k cache
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v cache (transposed)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // positions
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // o
+                                  .Attr<float>("scale"));
