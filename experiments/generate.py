@@ -151,6 +151,12 @@ def demo(mesh=None):
         f"(tok/s over all prompts at batch 1, compile excluded; median of {FLAGS.rounds} rounds "
         "run round-robin in this run)"
     )
+    best = max(rows[1:], key=lambda r: r["speedup"], default=None)
+    if best is not None:
+        print(
+            f"best: {best['proposer']} k={best['num_draft']} at {best['speedup']:.2f}x plain "
+            f"greedy, tokens {'identical' if best['tokens'] == base['tokens'] else 'DIFFERENT'}"
+        )
     return rows
 
 
