@@ -8,6 +8,10 @@ Built from a preset (``tiny_hybrid``, ``default_model``, the published shapes) o
 from __future__ import annotations
 
 import dataclasses
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
 
 LINEAR = "linear_attention"
 FULL = "full_attention"
@@ -173,6 +177,33 @@ def tiny_moe(**overrides) -> ModelConfig:
         tie_word_embeddings=False,
     )
     return tiny_hybrid(**{**settings, **overrides})
+
+
+def token_id_list(config: ModelConfig, ids, name: str) -> list[int]:
+    """``ids`` — None, one token id, or a sequence / 1-d array of ids — as a list of ints in the
+    vocabulary, duplicates removed (None: []). ValueError naming ``name`` otherwise. The one check
+    behind decoding's ``eos_id`` and the HF export's ``eos_token_id``."""
+    if ids is None:
+        return []
+    seq = ids
+    if hasattr(ids, "__array__") and not isinstance(ids, Sequence):  # numpy / jax arrays, scalars
+        arr = np.asarray(ids)
+        seq = arr.reshape(-1).tolist() if arr.ndim <= 1 else None
+    elif not isinstance(ids, Sequence) or isinstance(ids, str | bytes):
+        seq = [ids]
+    if seq is None or not all(
+        isinstance(i, numbers.Integral) and not isinstance(i, bool | np.bool_) for i in seq
+    ):
+        raise ValueError(
+            f"{name} must be None, a token id or a sequence of token ids in "
+            f"[0, {config.vocab_size}), got {ids!r}"
+        )
+    bad = [int(i) for i in seq if not 0 <= int(i) < config.vocab_size]
+    if bad:
+        raise ValueError(
+            f"{name} holds {bad[0]}, outside the vocabulary [0, {config.vocab_size}) (got {ids!r})"
+        )
+    return list(dict.fromkeys(int(i) for i in seq))
 
 
 def default_model(**overrides) -> ModelConfig:

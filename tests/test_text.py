@@ -200,7 +200,7 @@ def test_export_carries_eos_chat_template_and_tokenizer(tok, model, tmp_path):
     assert json.loads((byte_out / "generation_config.json").read_text())["eos_token_id"] == [3, 4]
     with pytest.raises(ValueError, match="outside the vocabulary"):
         checkpoints.save_hf(config, params, tmp_path / "bad", eos_token_id=config.vocab_size)
-    with pytest.raises(TypeError, match="eos_token_id must be"):
+    with pytest.raises(ValueError, match="eos_token_id must be"):  # as decoding checks eos_id
         checkpoints.save_hf(config, params, tmp_path / "bad", eos_token_id="2")
 
 

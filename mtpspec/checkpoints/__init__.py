@@ -16,17 +16,18 @@ __all__ = [
 ]
 
 
-def load(path, *, mesh=None, dtype: str | None = "float32"):
+def load(path, *, mesh=None, dtype: str | None = "float32", allow_missing_mtp: bool = False):
     """An mtpspec checkpoint (``save_params``: config.json + params/, as saved) or an HF directory
     (config.json + safetensors; ``dtype`` "float32" | "bfloat16", or None for the checkpoint's
-    own). Returns (config, params); with ``mesh`` the params are placed shard by shard by the
-    ``mtpspec.sharding`` rules."""
+    own; ``allow_missing_mtp``: an HF config that declares MTP layers whose ``mtp.*`` tensors are
+    absent loads without them, as ``load_hf``). Returns (config, params); with ``mesh`` the params
+    are placed shard by shard by the ``mtpspec.sharding`` rules."""
     import pathlib
 
     path = pathlib.Path(path)
     if (path / "params").is_dir():
         return restore_params(path, mesh=mesh)
-    return load_hf(path, dtype=dtype, mesh=mesh)
+    return load_hf(path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, mesh=mesh)
 
 
 def load_tokenizer(path, config=None):

@@ -43,7 +43,7 @@ import numpy as np
 
 from mtpspec.checkpoints.hf import INDEX_FILE, SINGLE_FILE, model_specs
 from mtpspec.checkpoints.hf_config import DEFAULT_MAX_POSITION_EMBEDDINGS, hf_config_dict
-from mtpspec.config import ModelConfig
+from mtpspec.config import ModelConfig, token_id_list
 from mtpspec.models.params import check_param_tree
 from mtpspec.tokenizers import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 
@@ -185,23 +185,11 @@ def _tokenizer_files(tokenizer, config: ModelConfig) -> dict[str, str] | None:
 
 
 def _eos_list(eos_token_id, tokenizer, config: ModelConfig) -> list[int]:
-    """The EOS ids to record: ``eos_token_id`` (an int or ints), else the tokenizer's."""
-    if eos_token_id is None:
-        ids = getattr(tokenizer, "eos_token_ids", ()) if tokenizer is not None else ()
-    elif isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool):
-        ids = (eos_token_id,)
-    else:
-        ids = tuple(eos_token_id) if isinstance(eos_token_id, list | tuple) else None
-    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise TypeError(
-            f"eos_token_id must be None, an int or a list of ints, got {eos_token_id!r}"
-        )
-    bad = [i for i in ids if not 0 <= i < config.vocab_size]
-    if bad:
-        raise ValueError(
-            f"eos_token_id {bad[0]} is outside the vocabulary [0, {config.vocab_size})"
-        )
-    return list(dict.fromkeys(ids))
+    """The EOS ids to record: ``eos_token_id`` (an int or ints), else the tokenizer's; checked as
+    decoding checks ``eos_id`` (``config.token_id_list``: ValueError naming the problem)."""
+    if eos_token_id is None and tokenizer is not None:
+        eos_token_id = list(getattr(tokenizer, "eos_token_ids", ()))
+    return token_id_list(config, eos_token_id, "eos_token_id")
 
 
 # --------------------------------------------------------------------------------------------

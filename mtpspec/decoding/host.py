@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mtpspec import ops, sharding
-from mtpspec.config import ModelConfig
+from mtpspec.config import ModelConfig, token_id_list
 from mtpspec.decoding import proposers
 from mtpspec.decoding.program import ProgramKey
 from mtpspec.decoding.sampling import (
@@ -88,28 +88,8 @@ EOS_SLOTS = 8  # EOS lists are padded to a multiple of this (one compile per buc
 
 def check_eos(config: ModelConfig, eos_id) -> list[int]:
     """None, one id or a sequence of ids, each in the vocabulary, as a list (duplicates
-    removed)."""
-    if eos_id is None:
-        return []
-    ids = eos_id
-    if isinstance(eos_id, np.ndarray | jax.Array):
-        ids = np.asarray(eos_id).reshape(-1).tolist() if np.asarray(eos_id).ndim <= 1 else None
-    elif not isinstance(eos_id, Sequence) or isinstance(eos_id, str | bytes):
-        ids = [eos_id]
-    if ids is None or not all(
-        isinstance(i, numbers.Integral) and not isinstance(i, bool | np.bool_) for i in ids
-    ):
-        raise ValueError(
-            "eos_id must be None, a token id or a sequence of token ids in "
-            f"[0, {config.vocab_size}), got {eos_id!r}"
-        )
-    bad = [int(i) for i in ids if not 0 <= int(i) < config.vocab_size]
-    if bad:
-        raise ValueError(
-            f"eos_id holds {bad[0]}, outside the vocabulary [0, {config.vocab_size}) "
-            f"(got {eos_id!r})"
-        )
-    return list(dict.fromkeys(int(i) for i in ids))
+    removed); ValueError naming the problem otherwise (``config.token_id_list``)."""
+    return token_id_list(config, eos_id, "eos_id")
 
 
 def _check_call(config, params, max_new_tokens, speculative) -> None:

@@ -25,15 +25,12 @@ from mtpspec.models.params import init_params
 def load_base(path: str | os.PathLike, *, seed: int = 0, dtype: str | None = "float32", mesh=None):
     """(config, params, tokenizer, fresh_head). OSError when ``path`` is neither checkpoint."""
     path = pathlib.Path(path)
-    if (path / "params").is_dir():
-        config, params = checkpoints.restore_params(path, mesh=mesh)
-    elif (path / "config.json").is_file():
-        config, params = checkpoints.load_hf(path, dtype=dtype, allow_missing_mtp=True, mesh=mesh)
-    else:
+    if not (path / "params").is_dir() and not (path / "config.json").is_file():
         raise OSError(
             f"{path} is neither an HF checkpoint (config.json + safetensors) nor an mtpspec one "
             "(config.json + params/)"
         )
+    config, params = checkpoints.load(path, dtype=dtype, mesh=mesh, allow_missing_mtp=True)
     tokenizer = checkpoints.load_tokenizer(path, config)
     fresh = "mtp" not in params
     if fresh:
