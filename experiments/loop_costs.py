@@ -1,57 +1,32 @@
-"""What one iteration of the compiled decoding loop costs, per configuration, with and without a
-piece (in-loop ablations): the pieces timed alone (``analysis.piece_costs``) leave out how XLA
-compiles them together, this times the real loop.
+"""What one iteration of the compiled decoding loop costs, per configuration and implementation
+choice: the pieces timed alone (``analysis.piece_costs``) leave out how XLA compiles them
+together, this times the real loop.
 
     python -m experiments.loop_costs --checkpoint=DIR --configs=none,ngram:2,mtp:1,mtp:2 \\
-        --variants=full,xla_attention,no_commit --repeats=5
+        --attention=ffi,xla --linear=auto --repeats=5
 
-For each (configuration, variant): the demo prompts at batch 1, 128 new tokens, timed round-robin
-with every other point (``--repeats`` rounds; median), the prefill-only program (max_new_tokens=1)
-timed beside it and subtracted; ms per loop iteration = decode seconds ÷ verify steps, and the
-same in plain steps of the same variant. Variants (timing only — an ablated loop emits wrong
-tokens, so its step count differs):
-  full           the loop as decoding runs it
-  xla_attention  XLA's attention form instead of the C++ attention kernel (same tokens)
-  no_commit      the verified state kept as is: the KV-only rewind (wrong for GDN), i.e. the loop
-                 without the commit
+For each (configuration, attention, linear): the demo prompts at batch 1, ``--max_new_tokens``
+new tokens, timed round-robin with every other point (``--repeats`` rounds; median), the
+prefill-only program (max_new_tokens=1) timed beside it and subtracted; ms per loop iteration =
+decode seconds ÷ verify steps, and the same in plain steps of the same implementations.
 """
 
 from __future__ import annotations
 
 import statistics
 
-import jax
 from absl import app, flags
 
 from experiments import cli
 from mtpspec import checkpoints, decoding
-from mtpspec.decoding import api, program, stages
-from mtpspec.decoding.commit import rewind_kv_only
-from mtpspec.models import layers
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", str(cli.DEFAULT_MODEL), "Model directory.")
 flags.DEFINE_list("configs", ["none", "ngram:2", "mtp:1", "mtp:2"], "proposer:k, or none.")
-flags.DEFINE_list("variants", ["full", "xla_attention"], "full | xla_attention | no_commit.")
+flags.DEFINE_list("attention", ["ffi", "xla"], "Attention implementations (decoding's option).")
+flags.DEFINE_list("linear", ["auto"], "Linear implementations (decoding's option).")
 flags.DEFINE_integer("repeats", 5, "Round-robin rounds.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt.")
-
-_commit, _native = stages.commit, layers.native_attention
-
-
-def _no_commit(s, snapshot, verified, n):
-    return rewind_kv_only(snapshot, verified.state, n) if s.k else _commit(s, snapshot, verified, n)
-
-
-def _use(variant: str, caches: dict) -> None:
-    """Patch the pieces for ``variant`` and switch to its own program cache (the patches change
-    the traced program, not its ProgramKey)."""
-    stages.commit = _no_commit if variant == "no_commit" else _commit
-    layers.native_attention = (lambda p, t: False) if variant == "xla_attention" else _native
-    if variant not in caches:
-        jax.clear_caches()
-        caches[variant] = program.ProgramCache(64)
-    program.CACHE = api.CACHE = caches[variant]
 
 
 def main(_):
@@ -62,15 +37,22 @@ def main(_):
     for c in FLAGS.configs:
         proposer, _, k = c.partition(":")
         specs[c] = None if proposer == "none" else decoding.SpecConfig(proposer, int(k))
-    points = [(c, v) for v in FLAGS.variants for c in ["none"] + [c for c in specs if c != "none"]]
     specs["none"] = None
-    caches: dict = {}
+    configs = ["none"] + [c for c in specs if c != "none"]
+    impls = [(a, lin) for a in FLAGS.attention for lin in FLAGS.linear]
+    points = [(c, impl) for impl in impls for c in configs]
 
     def run(point, max_new):
-        _use(point[1], caches)
+        attention, linear = point[1]
         rs = [
             decoding.generate(
-                config, params, [p], max_new_tokens=max_new, speculative=specs[point[0]]
+                config,
+                params,
+                [p],
+                max_new_tokens=max_new,
+                speculative=specs[point[0]],
+                attention=attention,
+                linear=linear,
             )
             for p in prompts
         ]
@@ -86,19 +68,18 @@ def main(_):
             sec, steps[pt] = run(pt, FLAGS.max_new_tokens)
             full[pt].append(sec)
             pre[pt].append(run(pt, 1)[0])
-    _use("full", caches)
     print(
-        f"{FLAGS.checkpoint}: {config.num_layers} layers, H={config.hidden_size}; "
-        f"{len(prompts)} prompts x {FLAGS.max_new_tokens} new tokens, median of {FLAGS.repeats}"
+        f"{FLAGS.checkpoint}: {config.num_layers} layers, H={config.hidden_size}; {len(prompts)} "
+        f"prompts x {FLAGS.max_new_tokens} new tokens, median of {FLAGS.repeats} round-robin rounds"
     )
-    print(f"{'config':10s} {'variant':14s} {'ms/iter':>8s} {'plain steps':>12s} {'steps':>6s}")
-    for v in FLAGS.variants:
+    print(f"{'config':10s} {'attention':>9s} {'linear':>6s} {'ms/iter':>8s} {'plain steps':>12s}")
+    for impl in impls:
         base = None
-        for pt in [p for p in points if p[1] == v]:
+        for pt in [p for p in points if p[1] == impl]:
             decode = statistics.median(full[pt]) - statistics.median(pre[pt])
             per = 1e3 * decode / steps[pt]
             base = base or per
-            print(f"{pt[0]:10s} {v:14s} {per:8.3f} {per / base:12.2f} {steps[pt]:6d}")
+            print(f"{pt[0]:10s} {impl[0]:>9s} {impl[1]:>6s} {per:8.3f} {per / base:12.2f}")
 
 
 if __name__ == "__main__":

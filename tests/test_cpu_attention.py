@@ -14,7 +14,7 @@ from mtpspec import config as C
 from mtpspec import decoding, models
 from mtpspec.kernels import cpu_attention
 from mtpspec.models import layers
-from mtpspec.models.inference import Linear
+from mtpspec.models.inference import AttentionCore, resolve_attention
 
 built = pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status()[1])
 
@@ -92,17 +92,29 @@ def test_no_gradient_through_the_kernel_says_so():
         jax.grad(lambda q: jnp.sum(cpu_attention.apply(q, k, v, pos, 0.3)))(q)
 
 
-def test_rule_uses_the_kernel_with_the_cpu_linears_for_decoding_windows(monkeypatch):
-    w = jnp.zeros((8, 8))
-    ffi, xla = Linear(w, 8, (8,), "ffi"), Linear(w, 8, (8,), "xla")
-    if cpu_attention.available():
-        assert layers.native_attention({"w_o": ffi}, 1)
-        assert layers.native_attention({"w_o": ffi}, cpu_attention.MAX_T)
-    assert not layers.native_attention({"w_o": ffi}, cpu_attention.MAX_T + 1)  # prefill
-    assert not layers.native_attention({"w_o": xla}, 1)
-    assert not layers.native_attention({"w_o": w}, 1)  # canonical tree (training, forward)
+def test_the_marker_selects_the_kernel_for_decoding_windows_only():
+    ffi, xla = {"core": AttentionCore("ffi")}, {"core": AttentionCore("xla")}
+    assert layers.native_attention(ffi, 1)
+    assert layers.native_attention(ffi, cpu_attention.MAX_T)
+    assert not layers.native_attention(ffi, cpu_attention.MAX_T + 1)  # prefill
+    assert not layers.native_attention(xla, 1)
+    assert not layers.native_attention({"w_o": jnp.zeros((4, 4))}, 1)  # canonical tree
+
+
+def test_the_attention_option_resolves_like_linear(monkeypatch):
+    with pytest.raises(ValueError, match="unknown attention implementation"):
+        resolve_attention("fast")
+    with pytest.raises(ValueError, match="device mesh"):
+        resolve_attention("ffi", sharded=True)
+    with pytest.raises(ValueError, match="CPU kernel"):
+        resolve_attention("ffi", platform="gpu")
+    assert resolve_attention("auto", sharded=True) == "xla"
+    assert resolve_attention("auto", platform="gpu") == "xla"
+    assert resolve_attention("auto") == ("ffi" if cpu_attention.available() else "xla")
     monkeypatch.setattr(cpu_attention.KERNEL, "status", lambda: (False, "not built"))
-    assert not layers.native_attention({"w_o": ffi}, 1)
+    assert resolve_attention("auto") == "xla"
+    with pytest.raises(OSError, match="not built"):
+        resolve_attention("ffi")
     with pytest.raises(OSError, match="not built"):
         cpu_attention.apply(*_inputs(0, 1, 1, 2, 1, 4, 4), 0.5)
 
@@ -117,17 +129,20 @@ def model():
 
 @built
 @pytest.mark.parametrize("proposer", [None, "ngram", "mtp"])
-def test_decoding_tokens_with_and_without_the_kernel(model, monkeypatch, proposer):
-    """The C++ linears with the native attention, and with XLA's attention instead, emit the same
-    tokens; speculative decoding through the kernel emits plain greedy's tokens."""
+def test_decoding_tokens_with_either_attention(model, proposer):
+    """The C++ attention and XLA's form emit the same tokens (with the C++ linears and with XLA's
+    dots); speculative decoding through the kernel emits plain greedy's tokens; each choice is its
+    own compiled program."""
     config, params = model
     prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
     spec = None if proposer is None else decoding.SpecConfig(proposer, 3)
-    kw = dict(max_new_tokens=24, linear="ffi")
-    native = mtpspec.generate(config, params, prompts, speculative=spec, **kw)
-    plain = mtpspec.generate(config, params, prompts, **kw)
-    assert native.tokens == plain.tokens
-    decoding.release_compiled()
-    monkeypatch.setattr(layers, "native_attention", lambda p, t: False)
-    assert mtpspec.generate(config, params, prompts, speculative=spec, **kw).tokens == native.tokens
+    plain = mtpspec.generate(config, params, prompts, max_new_tokens=24, attention="ffi")
+    for linear in ("ffi", "xla"):
+        kw = dict(max_new_tokens=24, linear=linear, speculative=spec)
+        native = mtpspec.generate(config, params, prompts, attention="ffi", **kw)
+        assert native.tokens == plain.tokens, linear
+        before = decoding.compile_count()
+        xla = mtpspec.generate(config, params, prompts, attention="xla", **kw)
+        assert decoding.compile_count() == before + 1  # not the ffi program from the cache
+        assert xla.tokens == native.tokens, linear
     decoding.release_compiled()

@@ -78,6 +78,7 @@ def prepare(
     mesh=None,
     capacity: int | None = None,
     linear: str = "auto",
+    attention: str = "auto",
 ) -> Prepared:
     """Check a decoding call (ValueError / TypeError before any device work) and place its
     arguments on the device(s). ``generate`` and ``generate_stream`` take these same keyword
@@ -103,6 +104,9 @@ def prepare(
                     (``models/inference.py``): "ffi" is the C++ CPU kernel for few rows, "xla"
                     XLA's dots; both on projections fused at load. "auto" picks "ffi" on CPU when
                     the kernel is built (and logs its choice); under a mesh only "xla" runs.
+    attention       "auto" | "xla" | "ffi": how decode steps and verify windows attend over the
+                    KV cache: "ffi" is the C++ CPU kernel (the live prefix only), "xla" XLA's
+                    form; chosen like ``linear`` (a prompt's prefill always uses XLA's form).
     """
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # NumPy ints too
@@ -119,6 +123,7 @@ def prepare(
         capacity,
         linear,
         return_logprobs,
+        attention,
     )
     pparams = key.proposer.device_params(speculative) if key.proposer is not None else None
     args = host.device_args(key, params, pparams, arrays)
@@ -130,7 +135,7 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
 
     Keyword arguments (``prepare`` documents each): ``max_new_tokens`` (required),
     ``speculative``, ``temperature``, ``top_k``, ``top_p``, ``min_p``, ``seed``, ``eos_id``,
-    ``return_logprobs``, ``mesh``, ``capacity``, ``linear``.
+    ``return_logprobs``, ``mesh``, ``capacity``, ``linear``, ``attention``.
 
     ``result.stats``: ``steps`` (verify steps per sequence), ``accepted`` (per sequence, per
     step: drafts accepted, −1 when inactive), ``tau`` (emitted tokens per verify step, prefill

@@ -31,7 +31,7 @@ from mtpspec.decoding.sampling import (
 )
 from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
 from mtpspec.models import inference
-from mtpspec.models.inference import resolve_linear
+from mtpspec.models.inference import resolve_attention, resolve_linear
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import init_decode_state
 from mtpspec.sharding import DATA
@@ -183,6 +183,7 @@ def prepare(
     capacity,
     linear="auto",
     logprobs=False,
+    attention="auto",
 ) -> tuple[ProgramKey, HostArrays]:
     """Every check, then (program key, host arrays). ``sampling``: temperature, top_k, top_p,
     min_p (each one value or one per prompt) and seed. Raises ValueError / TypeError before any
@@ -202,6 +203,7 @@ def prepare(
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
+    attention = resolve_attention(attention, sharded=sharded)
     verify_method = window_gdn_method(
         config, speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
     )
@@ -220,6 +222,7 @@ def prepare(
         mesh=mesh,
         linear=linear,
         logprobs=logprobs,
+        attention=attention,
     )
     b = len(prompts)
     check_memory(config, b, key.capacity, key.out_size, mesh)
@@ -244,7 +247,7 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays) -> tuple:
     per-sequence arrays split on ``data``."""
     keys = seed_keys(arrays.seeds)
     if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
-        params = inference.MEMO.get(s.config, params, s.linear)
+        params = inference.MEMO.get(s.config, params, s.linear, s.attention)
         draws = Draws(keys, Knobs(*(jnp.asarray(x) for x in arrays.knobs)))
         plain = (arrays.tokens, arrays.lengths, arrays.max_new, arrays.eos)
         return (params, pparams, *(jnp.asarray(a) for a in plain), draws)

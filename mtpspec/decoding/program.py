@@ -56,6 +56,7 @@ class ProgramKey(NamedTuple):
     out_size: int  # output buffer per sequence (max_new_tokens bucket)
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
     linear: str = "xla"  # resolved linear implementation of the inference tree (models/inference)
+    attention: str = "xla"  # resolved attention implementation of decode steps / verify windows
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
 
 

@@ -27,7 +27,7 @@ from absl import logging
 from jax.lax import Precision
 
 from mtpspec.config import ModelConfig
-from mtpspec.kernels import cpu_linear
+from mtpspec.kernels import cpu_attention, cpu_linear
 
 HIGHEST = Precision.HIGHEST
 LINEAR_IMPLS = ("auto", "xla", "ffi")
@@ -99,27 +99,27 @@ class Linear:
 _logged: set = set()
 
 
-def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
-    """Check a linear implementation name and resolve "auto": "ffi" on CPU when the C++ kernel is
-    available, else "xla" (logged with the reason, once per choice). Under a device mesh only
-    "xla" runs (the fused / packed trees are not sharded); an explicit "ffi" there, on a non-CPU
-    platform, or without the kernel raises ValueError / OSError."""
+def _resolve(what: str, impl: str, kernel, sharded: bool, platform: str | None) -> str:
+    """``impl`` checked and "auto" resolved for one of the C++ CPU kernels (``kernel``: its
+    ``status``/``require``): "ffi" on CPU when it is built, else "xla" (logged, once per
+    choice). Under a device mesh only "xla" runs; an explicit "ffi" there, on a non-CPU platform,
+    or without the kernel raises ValueError / OSError."""
     if impl not in LINEAR_IMPLS:
-        raise ValueError(f"unknown linear implementation {impl!r}; expected one of {LINEAR_IMPLS}")
+        raise ValueError(f"unknown {what} implementation {impl!r}; expected one of {LINEAR_IMPLS}")
     platform = platform or jax.default_backend()
     if impl == "ffi":
         if sharded:
             raise ValueError(
-                "linear='ffi' cannot run under a device mesh (the C++ kernel takes unsharded "
-                "packed weights); use linear='xla' or 'auto'"
+                f"{what}='ffi' cannot run under a device mesh (the C++ kernels take unsharded "
+                f"operands); use {what}='xla' or 'auto'"
             )
         if platform != "cpu":
-            raise ValueError(f"linear='ffi' is a CPU kernel; the platform here is {platform!r}")
-        cpu_linear.require()
+            raise ValueError(f"{what}='ffi' is a CPU kernel; the platform here is {platform!r}")
+        kernel.require()
         return "ffi"
     if impl == "xla":
         return "xla"
-    ok, why = cpu_linear.status()
+    ok, why = kernel.status()
     if sharded:
         choice, reason = "xla", "under a device mesh"
     elif platform != "cpu":
@@ -128,10 +128,44 @@ def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = N
         choice, reason = "xla", why
     else:
         choice, reason = "ffi", f"cpu, C++ kernel {why}"
-    if (choice, reason) not in _logged:
-        _logged.add((choice, reason))
-        logging.info("linear='auto' -> %r (%s)", choice, reason)
+    if (what, choice, reason) not in _logged:
+        _logged.add((what, choice, reason))
+        logging.info("%s='auto' -> %r (%s)", what, choice, reason)
     return choice
+
+
+def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
+    """Check a linear implementation name and resolve "auto": "ffi" on CPU when the C++ kernel is
+    available, else "xla" (logged with the reason, once per choice). Under a device mesh only
+    "xla" runs (the fused / packed trees are not sharded); an explicit "ffi" there, on a non-CPU
+    platform, or without the kernel raises ValueError / OSError."""
+    return _resolve("linear", impl, cpu_linear.KERNEL, sharded, platform)
+
+
+def resolve_attention(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
+    """The same for the attention of decode steps and verify windows: "ffi" is the C++ kernel
+    (``kernels/cpu_attention.cc``: the live cache prefix only), "xla" XLA's form."""
+    return _resolve("attention", impl, cpu_attention.KERNEL, sharded, platform)
+
+
+@jax.tree_util.register_pytree_node_class
+class AttentionCore:
+    """A leafless marker in a decoding tree's attention block: how its softmax attention runs
+    ("ffi" | "xla"). Static, so it is part of the tree's structure (and of the compiled
+    program's cache key)."""
+
+    def __init__(self, impl: str):
+        self.impl = impl
+
+    def tree_flatten(self):
+        return (), self.impl
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(aux)
+
+    def __repr__(self):
+        return f"AttentionCore({self.impl!r})"
 
 
 def _block(kind: str, p: dict, impl: str) -> dict:
@@ -149,31 +183,39 @@ def _block(kind: str, p: dict, impl: str) -> dict:
     return q
 
 
-def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str) -> dict:
+def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, attention: str) -> dict:
     q = dict(p)
     for kind in ("attn", "gdn"):
         if kind in q:
             q[kind] = _block(kind, q[kind], impl)
+    if "attn" in q:
+        q["attn"]["core"] = AttentionCore(attention)
     q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl)
     return q
 
 
-def inference_params(config: ModelConfig, params: dict, impl: str) -> dict:
+def inference_params(
+    config: ModelConfig, params: dict, impl: str, attention: str = "xla"
+) -> dict:
     """The decoding tree for a canonical ``params`` (checked against ``config`` by the caller):
-    fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``."""
-    if impl not in ("xla", "ffi"):
-        raise ValueError(f"inference_params needs a resolved implementation, got {impl!r}")
+    fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``; every attention block
+    marked with its resolved ``attention`` implementation (``AttentionCore``)."""
+    if impl not in ("xla", "ffi") or attention not in ("xla", "ffi"):
+        raise ValueError(
+            f"inference_params needs resolved implementations, got {impl!r}, {attention!r}"
+        )
     check_finite(params)
     out = dict(params)
     out["layers"] = [
-        _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
+        _layer(config, config.mlp_types[i], p, impl, attention)
+        for i, p in enumerate(params["layers"])
     ]
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     out["lm_head"] = Linear.of(head, impl)
     if "mtp" in params:
         mtp = dict(params["mtp"])
         mtp["fc"] = Linear.of(mtp["fc"], impl)
-        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
+        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl, attention)
         out["mtp"] = mtp
     return out
 
@@ -218,9 +260,13 @@ class _Memo:
             self.entries.popitem(last=False)
         return result
 
-    def get(self, config: ModelConfig, params, impl: str):
+    def get(self, config: ModelConfig, params, impl: str, attention: str = "xla"):
         """The inference tree of ``params`` (``inference_params``), memoised."""
-        return self.cached((config, impl), params, lambda: inference_params(config, params, impl))
+        return self.cached(
+            (config, impl, attention),
+            params,
+            lambda: inference_params(config, params, impl, attention),
+        )
 
 
 def check_finite_once(params) -> None:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from mtpspec import ops
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention
-from mtpspec.models.inference import FUSED, Linear, fused_name
+from mtpspec.models.inference import FUSED, AttentionCore, Linear, fused_name
 from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -136,13 +136,11 @@ def step_attention(
 
 def native_attention(p: dict, t: int) -> bool:
     """Whether an attention block of the decoding tree runs the C++ kernel for a t-token window:
-        its linears are the C++ kernel's ("ffi", chosen by ``decoding``'s ``linear``) and t is at
-        most ``cpu_attention.MAX_T`` (a prompt's prefill uses XLA's form). Same values as XLA's form
+    its marker says "ffi" (``decoding``'s ``attention`` option) and t is at most
+    ``cpu_attention.MAX_T`` (a prompt's prefill uses XLA's form). Same values as XLA's form
     within float32 rounding (tests/test_cpu_attention.py)."""
-    w = p.get("w_o")
-    if not (isinstance(w, Linear) and w.impl == "ffi" and t <= cpu_attention.MAX_T):
-        return False
-    return cpu_attention.available()  # built with the linear, unless from older sources
+    core = p.get("core")
+    return isinstance(core, AttentionCore) and core.impl == "ffi" and t <= cpu_attention.MAX_T
 
 
 def attention(
