@@ -194,9 +194,7 @@ def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, attention: st
     return q
 
 
-def inference_params(
-    config: ModelConfig, params: dict, impl: str, attention: str = "xla"
-) -> dict:
+def inference_params(config: ModelConfig, params: dict, impl: str, attention: str = "xla") -> dict:
     """The decoding tree for a canonical ``params`` (checked against ``config`` by the caller):
     fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``; every attention block
     marked with its resolved ``attention`` implementation (``AttentionCore``)."""
