@@ -3,8 +3,9 @@
     python -m experiments.shape_sweep --shapes=6x128,8x256,12x256,12x384,16x384 --num_draft=2,3
 
 For each shape LxH (``config.default_like(L, H)``: L layers, full attention every third like the
-default model, hidden H, heads of 32 / 64 dims sized from H, dense MLP 3H, byte vocabulary, one
-MTP layer; random weights: the costs do not depend on what the weights are),
+default model, hidden H, heads of 32 / 64 dims sized from H, dense MLP 3H, byte vocabulary or
+each of ``--vocabs`` (what a BPE tokenizer's LM head would cost), one MTP layer; random weights:
+the costs do not depend on what the weights are),
 ``analysis.piece_costs`` times, in one process and round-robin, a one-token ``step``, a
 (k+1)-token ``verify`` window, the ``replay`` commit and ``draft_mtp`` (k MTP drafts + the
 update), on the post-prefill state of a 64-token prompt with generate's capacity. Printed per
@@ -36,6 +37,7 @@ flags.DEFINE_list("num_draft", "2,3", "k values.")
 flags.DEFINE_list("tau", "1:1.80,2:2.13,3:2.23", "k:τ pairs used for the projection.")
 flags.DEFINE_integer("prompt_len", 64, "Prompt tokens before the timed state.")
 flags.DEFINE_integer("repeats", 7, "Round-robin repeats per piece (medians).")
+flags.DEFINE_list("vocabs", "256", "Vocabulary sizes (256: bytes; larger: what a BPE would cost).")
 
 
 def count(config) -> int:
@@ -55,11 +57,12 @@ def main(argv):
     ks = [int(k) for k in FLAGS.num_draft]
     prompt = [(7 * i + 3) % 200 + 32 for i in range(FLAGS.prompt_len)]
     rows = []
-    print(f"{'shape':>8} {'params':>8} {'k':>2} {'step ms':>8} {'r(k+1)':>7} "
+    print(f"{'shape':>8} {'vocab':>6} {'params':>8} {'k':>2} {'step ms':>8} {'r(k+1)':>7} "
           f"{'draft/step':>10} {'commit/step':>11} {'projected':>9}")  # fmt: skip
-    for s in FLAGS.shapes:
+    shapes = [(s, int(v)) for s in FLAGS.shapes for v in FLAGS.vocabs]
+    for s, vocab in shapes:
         layers, hidden = (int(x) for x in s.lower().split("x"))
-        config = C.default_like(layers, hidden)
+        config = C.default_like(layers, hidden, vocab_size=vocab)
         params = init_params(config, jax.random.key(0), norm_scale=0.1)
         for k in ks:
             cap = decoding.default_capacity(len(prompt), 128, k)
@@ -71,12 +74,14 @@ def main(argv):
             draft, commit = res["draft_mtp"], res["commit_replay"]
             cost = (verify + commit + draft) / step
             proj = taus[k] / cost if k in taus else float("nan")
-            row = dict(shape=s, params=count(config), k=k, step_s=step, r=verify / step,
+            row = dict(shape=s, vocab=vocab, params=count(config), k=k, step_s=step,
+                       r=verify / step,
                        draft_per_draft=draft / step / k, commit=commit / step,
                        projected_speedup=proj, tau=taus.get(k))  # fmt: skip
             rows.append(row)
             print(
-                f"{s:>8} {row['params'] / 1e6:>7.2f}M {k:>2} {step * 1e3:>8.3f} {row['r']:>7.2f} "
+                f"{s:>8} {vocab:>6} {row['params'] / 1e6:>7.2f}M {k:>2} {step * 1e3:>8.3f} "
+                f"{row['r']:>7.2f} "
                 f"{draft / step:>10.2f} {commit / step:>11.3f} {proj:>8.2f}x"
             )
     cli.write_json(rows)
