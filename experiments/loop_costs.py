@@ -36,6 +36,8 @@ def main(_):
     specs = {}
     for c in FLAGS.configs:
         proposer, _, k = c.partition(":")
+        if proposer != "none" and not k.isdigit():
+            raise app.UsageError(f"--configs: {c!r} is not none or proposer:k (e.g. mtp:2)")
         specs[c] = None if proposer == "none" else decoding.SpecConfig(proposer, int(k))
     specs["none"] = None
     configs = ["none"] + [c for c in specs if c != "none"]
@@ -44,15 +46,18 @@ def main(_):
 
     def run(point, max_new):
         attention, linear = point[1]
-        rs = [
+        spec = specs[point[0]]
+        k = spec.num_draft if spec else 0
+        rs = [  # the prefill-only run gets the full run's capacity, so it subtracts like for like
             decoding.generate(
                 config,
                 params,
                 [p],
                 max_new_tokens=max_new,
-                speculative=specs[point[0]],
+                speculative=spec,
                 attention=attention,
                 linear=linear,
+                capacity=decoding.default_capacity(len(p), FLAGS.max_new_tokens, k),
             )
             for p in prompts
         ]

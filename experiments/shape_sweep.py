@@ -16,7 +16,9 @@ the *projected* speed-up
 
 with τ(k) from ``--tau`` (default: the shipped model's measured held-out τ, k=1: 1.80,
 k=2: 2.13, k=3: 2.23 — `python -m experiments.acceptance --num_draft=1,2,3 --proposer=mtp`).
-A projection: a deeper model's own head may accept more or less; the costs are measured.
+A projection: a deeper model's own head may accept more or less, and a BPE vocabulary changes
+τ too (the byte model's τ is applied to every ``--vocabs`` size unchanged); the costs are
+measured.
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ def main(argv):
     del argv
     taus = {int(a): float(b) for a, b in (p.split(":") for p in FLAGS.tau)}
     ks = [int(k) for k in FLAGS.num_draft]
-    prompt = [(7 * i + 3) % 200 + 32 for i in range(FLAGS.prompt_len)]
+    vocab_min = min(int(v) for v in FLAGS.vocabs)
+    if vocab_min < 64:
+        raise app.UsageError(f"--vocabs: sizes below 64 are not useful here, got {vocab_min}")
+    prompt = [(7 * i + 3) % min(200, vocab_min - 32) + 32 for i in range(FLAGS.prompt_len)]
     rows = []
     print(f"{'shape':>8} {'vocab':>6} {'params':>8} {'k':>2} {'step ms':>8} {'r(k+1)':>7} "
           f"{'draft/step':>10} {'commit/step':>11} {'projected':>9}")  # fmt: skip

@@ -3,8 +3,8 @@
     python -m experiments.stress_native --iterations=200 [--linear=ffi|xla]
 
 Each iteration decodes with MTP speculation at k = 1, 2, 3 on a tiny random model (the C++
-linear and GDN kernels when ``--linear=ffi``), clears JAX's caches, then compiles and runs two
-steps of the MTP-only training step — the test in which a pytest worker twice died with a
+linear, GDN and attention kernels when ``--linear=ffi``), clears JAX's caches, then compiles and
+runs two steps of the MTP-only training step — the test in which a pytest worker twice died with a
 segmentation fault (BUILD_NOTES.md, 2026-12-01). Prints the iteration count and elapsed seconds;
 a crash shows as faulthandler's traceback. ``--linear=xla`` is the control without native code.
 """
@@ -40,9 +40,16 @@ def main(argv):
     t0 = time.time()
     for it in range(FLAGS.iterations):
         for k in (1, 2, 3):
-            spec = decoding.SpecConfig("mtp", k)
+            native = FLAGS.linear == "ffi"
+            spec = decoding.SpecConfig("mtp", k, verify_method="ffi" if native else "chunk")
             decoding.generate(
-                config, params, prompts, max_new_tokens=24, speculative=spec, linear=FLAGS.linear
+                config,
+                params,
+                prompts,
+                max_new_tokens=24,
+                speculative=spec,
+                linear=FLAGS.linear,
+                attention=FLAGS.linear,  # the control runs no native kernel at all
             )
         jax.clear_caches()
         opt = make_optimizer(tc)

@@ -73,6 +73,32 @@ def test_only_the_live_prefix_is_read():
 
 
 @built
+def test_later_window_slots_and_positions_past_the_capacity():
+    """A window's first row never reads the slots its later rows wrote (NaN there changes
+    nothing), and a padded query past the capacity reads all of it, as XLA's form does."""
+    q, k, v, pos = _inputs(6, 1, 4, 4, 2, 16, 12)
+    first = cpu_attention.apply(q[:, :1], k, v, pos[:, :1], 0.25)
+    later = jnp.arange(12)[None, None, :] > pos[:, 0][:, None, None]
+    k_bad = jnp.where(later[..., None], jnp.nan, k)
+    v_bad = jnp.where(later[:, :, None, :], jnp.nan, v)
+    np.testing.assert_array_equal(
+        cpu_attention.apply(q[:, :1], k_bad, v_bad, pos[:, :1], 0.25), first
+    )
+    past = jnp.full((1, 4), 40, jnp.int32)  # beyond the 12 slots
+    want = layers.cached_attention(q, k, v, past)
+    got = cpu_attention.apply(q, k, v, past, 16**-0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@built
+def test_nan_in_a_visible_key_comes_out_nan_as_in_xla():
+    q, k, v, pos = _inputs(7, 1, 1, 2, 1, 8, 6)
+    k = k.at[:, :, 0, 0].set(jnp.nan)  # slot 0 is visible to every query
+    assert bool(jnp.all(jnp.isnan(cpu_attention.apply(q, k, v, pos, 0.3))))
+    assert bool(jnp.all(jnp.isnan(layers.cached_attention(q, k, v, pos))))
+
+
+@built
 def test_kernel_runs_inside_jit_and_while_loop():
     q, k, v, pos = _inputs(3, 1, 2, 4, 2, 16, 12)
 
@@ -111,6 +137,7 @@ def test_the_attention_option_resolves_like_linear(monkeypatch):
     assert resolve_attention("auto", sharded=True) == "xla"
     assert resolve_attention("auto", platform="gpu") == "xla"
     assert resolve_attention("auto") == ("ffi" if cpu_attention.available() else "xla")
+    assert resolve_attention("auto", cache_dtype="bfloat16") == "xla"  # would convert the cache
     monkeypatch.setattr(cpu_attention.KERNEL, "status", lambda: (False, "not built"))
     assert resolve_attention("auto") == "xla"
     with pytest.raises(OSError, match="not built"):
@@ -141,6 +168,10 @@ def test_decoding_tokens_with_either_attention(model, proposer):
         kw = dict(max_new_tokens=24, linear=linear, speculative=spec)
         native = mtpspec.generate(config, params, prompts, attention="ffi", **kw)
         assert native.tokens == plain.tokens, linear
+        for attention in ("ffi", "xla"):  # the program holds the kernel exactly when asked
+            prepared = decoding.prepare(config, params, prompts, attention=attention, **kw)
+            text = prepared.lower().as_text()
+            assert ("mtpspec_cpu_attention" in text) == (attention == "ffi"), (linear, attention)
         before = decoding.compile_count()
         xla = mtpspec.generate(config, params, prompts, attention="xla", **kw)
         assert decoding.compile_count() == before + 1  # not the ffi program from the cache

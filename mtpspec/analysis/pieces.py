@@ -164,8 +164,9 @@ def piece_costs(
     ``commit_data_bytes_<strategy>`` (what the verify window keeps for the commit; "states"
     also keeps every per-position GDN state), ``step_temp_bytes_<strategy>`` (XLA's temp buffer
     of verify + commit, ``compiled.memory_analysis()``; None where the backend can't say).
-    ``capacity``: KV slots per sequence; pass generate's (``decoding.default_capacity``: every
-    step attends over all of them, masked), or the pieces run on a cheaper state than the loop.
+    ``capacity``: KV slots per sequence; pass generate's (``decoding.default_capacity``: with
+    XLA's attention every step attends over all of them, masked; the C++ attention reads the
+    live prefix only), or the pieces run on a different state than the loop.
     ``linear``: the decoding tree's linear implementation (``decoding.prepare``).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:

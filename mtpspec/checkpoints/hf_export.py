@@ -188,7 +188,8 @@ def _eos_list(eos_token_id, tokenizer, config: ModelConfig) -> list[int]:
     """The EOS ids to record: ``eos_token_id`` (an int or ints), else the tokenizer's; checked as
     decoding checks ``eos_id`` (``config.token_id_list``: ValueError naming the problem)."""
     if eos_token_id is None and tokenizer is not None:
-        eos_token_id = list(getattr(tokenizer, "eos_token_ids", ()))
+        ids = list(getattr(tokenizer, "eos_token_ids", ()))
+        return token_id_list(config, ids, "the tokenizer's EOS ids")
     return token_id_list(config, eos_token_id, "eos_token_id")
 
 

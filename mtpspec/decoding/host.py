@@ -203,7 +203,7 @@ def prepare(
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
-    attention = resolve_attention(attention, sharded=sharded)
+    attention = resolve_attention(attention, sharded=sharded, cache_dtype=config.dtype)
     verify_method = window_gdn_method(
         config, speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
     )

@@ -6,7 +6,8 @@ decoding is the same loop with k = 0 (window = [pending], no proposer).
 
 Static (the ``ProgramKey``; one compile each): model config, k, proposer (with its static
 options), commit strategy, the GDN forms of verify and prefill, whether every row is greedy,
-whether log-probabilities are kept, capacity, output buffer size and the mesh. Everything per
+whether log-probabilities are kept, capacity, output buffer size, the mesh, and the linear and
+attention implementations. Everything per
 sequence (prompt lengths, max_new_tokens, EOS ids, sampling settings and keys, accepted counts,
 stops) travels as arrays and masks.
 

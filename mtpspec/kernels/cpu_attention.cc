@@ -27,11 +27,11 @@ namespace ffi = xla::ffi;
 namespace {
 
 // e^x for x <= 0, 8 lanes: 2^(x log2 e) split into 2^n · e^r with |r| <= ln2 / 2, a degree-6
-// polynomial for e^r (relative error ~2e-7), lanes below -87 flushed to 0.
+// polynomial for e^r (relative error ~2e-7), lanes below -87 flushed to 0, NaN kept.
 __attribute__((target("avx2,fma"))) inline __m256 Exp(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.0f);
-  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);  // false for NaN
+  x = _mm256_max_ps(lo, x);  // returns x when x is NaN: a NaN score stays NaN
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -77,7 +77,7 @@ __attribute__((target("avx2,fma"))) void Row(const float* q, const float* k, con
   float m = -INFINITY;
   for (int64_t j = 0; j < len; ++j) {
     p[j] = Dot(qs, k + j * d, d);
-    m = std::max(m, p[j]);
+    if (!(p[j] <= m)) m = p[j];  // a NaN score makes m NaN: the row comes out NaN, as in XLA
   }
   const __m256 mv = _mm256_set1_ps(m);
   __m256 den8 = _mm256_setzero_ps();

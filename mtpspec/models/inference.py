@@ -14,6 +14,8 @@ a separate tree made for decoding, in which
 A ``Linear`` with ``impl="ffi"`` holds its weight packed for ``kernels.cpu_linear`` and calls it
 for up to ``FFI_MAX_ROWS`` rows (the decode step and the verify window); beyond that (prefill) it
 unpacks in the program and uses XLA's dot. ``impl="xla"`` keeps a plain fused [in, out] matrix.
+Every attention block carries an ``AttentionCore`` marker: "ffi" runs ``kernels.cpu_attention``
+for decode windows, "xla" XLA's form (``resolve_attention``, ``mark_attention``).
 """
 
 from __future__ import annotations
@@ -142,9 +144,19 @@ def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = N
     return _resolve("linear", impl, cpu_linear.KERNEL, sharded, platform)
 
 
-def resolve_attention(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
+def resolve_attention(
+    impl: str,
+    *,
+    sharded: bool = False,
+    platform: str | None = None,
+    cache_dtype: str = "float32",
+) -> str:
     """The same for the attention of decode steps and verify windows: "ffi" is the C++ kernel
-    (``kernels/cpu_attention.cc``: the live cache prefix only), "xla" XLA's form."""
+    (``kernels/cpu_attention.cc``: the live cache prefix only), "xla" XLA's form. "auto" keeps
+    XLA's form for a cache that is not float32 (the kernel would convert the whole cache on every
+    call); an explicit "ffi" still runs there."""
+    if impl == "auto" and cache_dtype != "float32":
+        return _resolve("attention", "xla", cpu_attention.KERNEL, sharded, platform)
     return _resolve("attention", impl, cpu_attention.KERNEL, sharded, platform)
 
 
@@ -189,7 +201,7 @@ def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, attention: st
         if kind in q:
             q[kind] = _block(kind, q[kind], impl)
     if "attn" in q:
-        q["attn"]["core"] = AttentionCore(attention)
+        q["attn"] = {**q["attn"], "core": AttentionCore(attention)}
     q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl)
     return q
 
@@ -215,6 +227,19 @@ def inference_params(config: ModelConfig, params: dict, impl: str, attention: st
         mtp["fc"] = Linear.of(mtp["fc"], impl)
         mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl, attention)
         out["mtp"] = mtp
+    return out
+
+
+def mark_attention(tree: dict, attention: str) -> dict:
+    """A decoding tree with every attention block's marker set to ``attention`` (a shallow copy:
+    the weights are shared)."""
+
+    def layer(p):
+        return {**p, "attn": {**p["attn"], "core": AttentionCore(attention)}} if "attn" in p else p
+
+    out = {**tree, "layers": [layer(p) for p in tree["layers"]]}
+    if "mtp" in tree:
+        out["mtp"] = {**tree["mtp"], "layer": layer(tree["mtp"]["layer"])}
     return out
 
 
@@ -259,12 +284,12 @@ class _Memo:
         return result
 
     def get(self, config: ModelConfig, params, impl: str, attention: str = "xla"):
-        """The inference tree of ``params`` (``inference_params``), memoised."""
-        return self.cached(
-            (config, impl, attention),
-            params,
-            lambda: inference_params(config, params, impl, attention),
+        """The inference tree of ``params`` (``inference_params``), memoised by linear
+        implementation: the attention markers go on a shallow copy that shares its leaves."""
+        tree = self.cached(
+            (config, impl), params, lambda: inference_params(config, params, impl, "xla")
         )
+        return tree if attention == "xla" else mark_attention(tree, attention)
 
 
 def check_finite_once(params) -> None:

@@ -137,8 +137,9 @@ def step_attention(
 def native_attention(p: dict, t: int) -> bool:
     """Whether an attention block of the decoding tree runs the C++ kernel for a t-token window:
     its marker says "ffi" (``decoding``'s ``attention`` option) and t is at most
-    ``cpu_attention.MAX_T`` (a prompt's prefill uses XLA's form). Same values as XLA's form
-    within float32 rounding (tests/test_cpu_attention.py)."""
+    ``cpu_attention.MAX_T`` (longer windows — prefills beyond one 16-token bucket, verify
+    windows of k + 1 > 16 — use XLA's form). Same values as XLA's form within float32 rounding
+    (tests/test_cpu_attention.py)."""
     core = p.get("core")
     return isinstance(core, AttentionCore) and core.impl == "ffi" and t <= cpu_attention.MAX_T
 
@@ -170,8 +171,8 @@ def attention(
         new_k = cache.k.at[rows, :, positions].set(k, mode="drop")
         new_v = cache.v.at[rows, :, :, positions].set(v, mode="drop")  # v cache [b, g, d, n]
         new_cache = AttentionCache(new_k, new_v)
-        # The same keys every way. The decoding tree's C++ kernels (linears "ffi") bring a native
-        # attention that reads only the live prefix of the written cache. Otherwise each form is
+        # The same keys every way. Decoding's attention="ffi" (the tree's marker) runs the C++
+        # kernel over the live prefix of the written cache. Otherwise each form is
         # the one XLA:CPU runs faster in the compiled decode loop (A/B in one process,
         # BUILD_NOTES 2026-12-02): a window read after its write lets XLA update the loop-carried
         # cache in place (reading the old cache beside the write made it copy each K and V buffer
