@@ -294,7 +294,7 @@ def linear_report(config, params, prompt, ks, run) -> dict:
     spec = decoding.SpecConfig("ngram", 1)
     prepared = {
         i: decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, speculative=spec,
-                            capacity=capacity, linear=i)
+                            capacity=capacity, linear=i, attention=analysis.stock_attention(i))
         for i in impls
     }  # fmt: skip
     split_ts = sorted({1, *(k + 1 for k in ks)})
@@ -343,7 +343,8 @@ def print_plain_linears(timed) -> dict | None:
     same = timed.tokens[ours] == timed.tokens[xla]
     chosen = resolve_linear(ours.linear)
     print(
-        f"plain greedy, linear {chosen!r} vs 'xla': {decode:.1f} vs {decode_x:.1f} tok/s decode "
+        f"plain greedy, linear {chosen!r} vs 'xla' (XLA's own path, attention too): {decode:.1f} "
+        f"vs {decode_x:.1f} tok/s decode "
         f"({decode / decode_x:.2f}x), end to end {tps / tps_x:.2f}x; same tokens: {same}"
     )
     return {

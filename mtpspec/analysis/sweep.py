@@ -35,7 +35,7 @@ class Point(NamedTuple):
 
 
 PLAIN = Point("none", 0, None)
-PLAIN_XLA = Point("none", 0, None, "xla")  # plain greedy with XLA's dots: the kernel's baseline
+PLAIN_XLA = Point("none", 0, None, "xla")  # plain greedy on XLA's own path: the kernels' baseline
 
 
 def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
@@ -49,11 +49,24 @@ def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
     return decoding.SpecConfig(point.proposer, point.k, point.commit, **extra)
 
 
+def stock_attention(linear: str) -> str:
+    """The attention implementation that goes with a swept ``linear``: "xla" with "xla" (the
+    point is XLA's own path, nothing native), else "auto"."""
+    return "xla" if linear == "xla" else "auto"
+
+
 def run_point(config, params, prompts, spec, max_new: int, linear: str = "auto"):
-    """One pass over the prompts at batch 1: (tokens per prompt, device seconds, stats list)."""
+    """One pass over the prompts at batch 1: (tokens per prompt, device seconds, stats list).
+    ``linear="xla"`` runs XLA's own path throughout (``stock_attention``)."""
     results = [
         decoding.generate(
-            config, params, [p], max_new_tokens=max_new, speculative=spec, linear=linear
+            config,
+            params,
+            [p],
+            max_new_tokens=max_new,
+            speculative=spec,
+            linear=linear,
+            attention=stock_attention(linear),
         )
         for p in prompts
     ]
