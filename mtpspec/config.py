@@ -206,9 +206,9 @@ def token_id_list(config: ModelConfig, ids, name: str) -> list[int]:
     return list(dict.fromkeys(int(i) for i in seq))
 
 
-def default_model(**overrides) -> ModelConfig:
-    """The shape of the embedded default model (byte vocabulary): GDN with full attention every
-    third layer, like Qwen, and one MTP layer. docs/decisions.md says why this shape."""
+def _family(**fields) -> ModelConfig:
+    """The default model's family (byte vocabulary, Qwen3.5 layout, tied embeddings, one MTP
+    layer) with ``fields`` set."""
     base = ModelConfig(
         family="qwen3_5",
         vocab_size=256,
@@ -226,7 +226,24 @@ def default_model(**overrides) -> ModelConfig:
         intermediate_size=384,
         tie_word_embeddings=True,
     )
-    return dataclasses.replace(base, **overrides)
+    return dataclasses.replace(base, **fields)
+
+
+DEFAULT_SHAPE = (12, 256)  # layers, hidden size of the shipped default model
+
+
+def default_model(**overrides) -> ModelConfig:
+    """The shape of the shipped default model (``mtpspec/assets/default_model``):
+    ``default_like(12, 256)``, 11.15M parameters — GDN with full attention every third layer, like
+    Qwen, and one MTP layer. docs/decisions.md says why this shape (issue 18: deep enough that one
+    MTP layer and the LM head are a small share of a step)."""
+    return default_like(*DEFAULT_SHAPE, **overrides)
+
+
+def first_default_model(**overrides) -> ModelConfig:
+    """The shape of the first shipped default model (2026-11-30 to 2026-12-02): 6 layers × 128,
+    two KV heads, head dims 32 (1.5M parameters)."""
+    return _family(**overrides)
 
 
 def default_like(layers: int, hidden: int, **overrides) -> ModelConfig:
@@ -237,7 +254,7 @@ def default_like(layers: int, hidden: int, **overrides) -> ModelConfig:
     dim = 32 if hidden <= 128 else 64
     heads = max(hidden // dim, 1)
     groups = max(hidden // (2 * dim), 1)
-    return default_model(
+    fields = dict(
         hidden_size=hidden,
         layer_types=tuple(FULL if (i + 1) % 3 == 0 else LINEAR for i in range(layers)),
         mlp_types=("dense",) * layers,
@@ -249,8 +266,8 @@ def default_like(layers: int, hidden: int, **overrides) -> ModelConfig:
         linear_key_head_dim=dim,
         linear_value_head_dim=dim,
         intermediate_size=3 * hidden,
-        **overrides,
     )
+    return _family(**{**fields, **overrides})
 
 
 # ---- published shapes (for memory estimates and sharding rules; weights come from load_hf) ----

@@ -239,7 +239,8 @@ def test_default_like_scales_the_default_family():
         return sum(int(np.prod(s)) for s in leaves)
 
     small = C.default_like(6, 128)
-    assert small.layer_types == C.default_model().layer_types and small.vocab_size == 256
+    assert small.layer_types == C.first_default_model().layer_types and small.vocab_size == 256
+    assert C.default_model() == C.default_like(12, 256)  # the shipped shape
     big = C.default_like(12, 256)
     assert big.num_layers == 12 and big.layer_types.count(C.FULL) == 4 and big.head_dim == 64
     assert 11.0e6 < count(big) < 11.3e6  # experiments.shape_sweep's 11.15M
