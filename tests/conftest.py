@@ -39,7 +39,7 @@ collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multi
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _release_compiled_programs_after_each_module():
+def _release_compiled_programs_after_each_module(request):
     """Free every compiled program when a test module ends. XLA's CPU compiler keeps ~700 memory
     mappings per compiled decoding program, and an xdist worker that kept every module's programs
     reached Linux's vm.max_map_count (65530) mid-suite: the next compile failed inside XLA and the
@@ -48,9 +48,9 @@ def _release_compiled_programs_after_each_module():
     yield
     from mtpspec.decoding import program
 
-    log = os.environ.get("MTPSPEC_TEST_MAPS_LOG")  # a file: "pid mappings limit" per module
+    log = os.environ.get("MTPSPEC_TEST_MAPS_LOG")  # a file: "pid mappings limit module" lines
     maps = program.live_mappings() if log else None
     if maps is not None:
         with open(log, "a") as f:
-            f.write(f"{os.getpid()} {maps[0]} {maps[1]}\n")
+            f.write(f"{os.getpid()} {maps[0]} {maps[1]} {request.module.__name__}\n")
     program.release_compiled()
