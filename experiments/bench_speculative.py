@@ -13,10 +13,10 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     ideal (docs/design.md, "Performance model");
   * ``recompiles``: XLA compilations during the timed part (must be 0);
   * the linear implementations side by side (``decoding.prepare(linear=...)``): plain greedy
-    with XLA's dots as a point of the same sweep; the verify window ÷ step r(t) for
-    t = 2..``--max_window`` and the per-piece decomposition (attention, GDN, MLP, LM head, rest)
-    of the step and of each swept window, for "xla" and the C++ kernel, timed round-robin
-    (``analysis.layer_costs``);
+    on XLA's own path (attention too) as a point of the same sweep; the verify window ÷ step
+    r(t) for t = 2..``--max_window`` and the per-piece decomposition (attention, GDN, MLP, LM
+    head, rest) of the step and of each swept window, for "xla" and the C++ kernel, timed
+    round-robin (``analysis.layer_costs``);
   * decode-state bytes and the commit data / XLA temp bytes of verify+commit per strategy;
   * α fitted per proposer to the per-position acceptance, and the theory curve (1−α^{k+1})/(1−α);
   * the buffer copies XLA left in each decoding program's loop body (``analysis.loop_copies``);

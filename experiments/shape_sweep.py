@@ -14,7 +14,7 @@ the *projected* speed-up
 
     τ(k) / ((verify + commit + draft_mtp) / step)
 
-with τ(k) from ``--tau`` (default: the shipped model's measured held-out τ, k=1: 1.80,
+with τ(k) from ``--tau`` (default: the first default model's (6 × 128) held-out τ, k=1: 1.80,
 k=2: 2.13, k=3: 2.23 — `python -m experiments.acceptance --num_draft=1,2,3 --proposer=mtp`).
 A projection: a deeper model's own head may accept more or less, and a BPE vocabulary changes
 τ too (the byte model's τ is applied to every ``--vocabs`` size unchanged); the costs are

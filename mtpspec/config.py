@@ -242,7 +242,7 @@ def default_model(**overrides) -> ModelConfig:
 
 def first_default_model(**overrides) -> ModelConfig:
     """The shape of the first shipped default model (2026-11-30 to 2026-12-02): 6 layers × 128,
-    two KV heads, head dims 32 (1.5M parameters)."""
+    two KV heads, head dims 32 (1,567,328 parameters)."""
     return _family(**overrides)
 
 

@@ -106,7 +106,8 @@ def prepare(
                     the kernel is built (and logs its choice); under a mesh only "xla" runs.
     attention       "auto" | "xla" | "ffi": how decode steps and verify windows attend over the
                     KV cache: "ffi" is the C++ CPU kernel (the live prefix only), "xla" XLA's
-                    form; chosen like ``linear`` (a prompt's prefill always uses XLA's form).
+                    form; chosen like ``linear`` ("auto" also wants a float32 cache). Prefills
+                    beyond one 16-token bucket and verify windows of k + 1 > 16 use XLA's form.
     """
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # NumPy ints too
