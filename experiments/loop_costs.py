@@ -18,7 +18,7 @@ import statistics
 from absl import app, flags
 
 from experiments import cli
-from mtpspec import checkpoints, decoding
+from mtpspec import analysis, checkpoints, decoding
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", str(cli.DEFAULT_MODEL), "Model directory.")
@@ -45,23 +45,14 @@ def main(_):
     points = [(c, impl) for impl in impls for c in configs]
 
     def run(point, max_new):
+        """(device seconds, verify steps); the prefill-only run gets the full run's capacity,
+        so it subtracts like for like."""
         attention, linear = point[1]
-        spec = specs[point[0]]
-        k = spec.num_draft if spec else 0
-        rs = [  # the prefill-only run gets the full run's capacity, so it subtracts like for like
-            decoding.generate(
-                config,
-                params,
-                [p],
-                max_new_tokens=max_new,
-                speculative=spec,
-                attention=attention,
-                linear=linear,
-                capacity=decoding.default_capacity(len(p), FLAGS.max_new_tokens, k),
-            )
-            for p in prompts
-        ]
-        return sum(r.stats["run_s"] for r in rs), sum(sum(r.stats["steps"]) for r in rs)
+        _, seconds, stats = analysis.run_point(
+            config, params, prompts, specs[point[0]], max_new, linear, attention,
+            capacity_for=FLAGS.max_new_tokens,
+        )  # fmt: skip
+        return seconds, sum(sum(st["steps"]) for st in stats)
 
     for pt in points:  # compile
         run(pt, FLAGS.max_new_tokens), run(pt, 1)

@@ -127,21 +127,10 @@ def test_the_marker_selects_the_kernel_for_decoding_windows_only():
     assert not layers.native_attention({"w_o": jnp.zeros((4, 4))}, 1)  # canonical tree
 
 
-def test_the_attention_option_resolves_like_linear(monkeypatch):
-    with pytest.raises(ValueError, match="unknown attention implementation"):
-        resolve_attention("fast")
-    with pytest.raises(ValueError, match="device mesh"):
-        resolve_attention("ffi", sharded=True)
-    with pytest.raises(ValueError, match="CPU kernel"):
-        resolve_attention("ffi", platform="gpu")
-    assert resolve_attention("auto", sharded=True) == "xla"
-    assert resolve_attention("auto", platform="gpu") == "xla"
-    assert resolve_attention("auto") == ("ffi" if cpu_attention.available() else "xla")
+def test_the_attention_option_beyond_linears_rules(monkeypatch):
+    """The rules shared with ``linear`` are tested in test_cpu_linear.py (test_resolve_rules)."""
     assert resolve_attention("auto", cache_dtype="bfloat16") == "xla"  # would convert the cache
     monkeypatch.setattr(cpu_attention.KERNEL, "status", lambda: (False, "not built"))
-    assert resolve_attention("auto") == "xla"
-    with pytest.raises(OSError, match="not built"):
-        resolve_attention("ffi")
     with pytest.raises(OSError, match="not built"):
         cpu_attention.apply(*_inputs(0, 1, 1, 2, 1, 4, 4), 0.5)
 

@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models
-from mtpspec.kernels import cpu_linear
+from mtpspec.kernels import cpu_attention, cpu_linear
 from mtpspec.models import decoder
 from mtpspec.models.inference import (
     MEMO,
     Linear,
     inference_params,
+    resolve_attention,
     resolve_linear,
 )
 
@@ -96,24 +97,34 @@ def test_pack_round_trips():
 # ---- choosing an implementation ------------------------------------------------------------------
 
 
-def test_resolve_linear_rules():
-    with pytest.raises(ValueError, match="unknown linear implementation"):
-        resolve_linear("fast")
+# linear and attention are resolved by the same rules (models/inference._resolve), each against
+# its own kernel
+RESOLVERS = [
+    ("linear", resolve_linear, cpu_linear),
+    ("attention", resolve_attention, cpu_attention),
+]
+
+
+@pytest.mark.parametrize("what, resolve, kernel", RESOLVERS, ids=[r[0] for r in RESOLVERS])
+def test_resolve_rules(what, resolve, kernel):
+    with pytest.raises(ValueError, match=f"unknown {what} implementation"):
+        resolve("fast")
     with pytest.raises(ValueError, match="device mesh"):
-        resolve_linear("ffi", sharded=True)
+        resolve("ffi", sharded=True)
     with pytest.raises(ValueError, match="CPU kernel"):
-        resolve_linear("ffi", platform="gpu")
-    assert resolve_linear("auto", sharded=True) == "xla"
-    assert resolve_linear("auto", platform="gpu") == "xla"
-    assert resolve_linear("xla") == "xla"
-    assert resolve_linear("auto") == ("ffi" if cpu_linear.available() else "xla")
+        resolve("ffi", platform="gpu")
+    assert resolve("auto", sharded=True) == "xla"
+    assert resolve("auto", platform="gpu") == "xla"
+    assert resolve("xla") == "xla"
+    assert resolve("auto") == ("ffi" if kernel.available() else "xla")
 
 
-def test_explicit_ffi_without_the_kernel_raises(monkeypatch):
-    monkeypatch.setattr(cpu_linear.KERNEL, "status", lambda: (False, "it is not built (test)"))
+@pytest.mark.parametrize("what, resolve, kernel", RESOLVERS, ids=[r[0] for r in RESOLVERS])
+def test_explicit_ffi_without_the_kernel_raises(monkeypatch, what, resolve, kernel):
+    monkeypatch.setattr(kernel.KERNEL, "status", lambda: (False, "it is not built (test)"))
     with pytest.raises(OSError, match="not built"):
-        resolve_linear("ffi")
-    assert resolve_linear("auto") == "xla"
+        resolve("ffi")
+    assert resolve("auto") == "xla"
 
 
 # ---- the inference tree --------------------------------------------------------------------------

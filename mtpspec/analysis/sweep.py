@@ -55,9 +55,21 @@ def stock_attention(linear: str) -> str:
     return "xla" if linear == "xla" else "auto"
 
 
-def run_point(config, params, prompts, spec, max_new: int, linear: str = "auto"):
+def run_point(
+    config,
+    params,
+    prompts,
+    spec,
+    max_new: int,
+    linear: str = "auto",
+    attention: str | None = None,
+    capacity_for: int | None = None,
+):
     """One pass over the prompts at batch 1: (tokens per prompt, device seconds, stats list).
-    ``linear="xla"`` runs XLA's own path throughout (``stock_attention``)."""
+    ``attention`` None: ``stock_attention(linear)`` (``linear="xla"`` runs XLA's own path
+    throughout). ``capacity_for``: give each prompt the KV capacity of a ``capacity_for``-token
+    run (so a short run times the same state as a long one); None: the default for ``max_new``."""
+    k = spec.num_draft if spec else 0
     results = [
         decoding.generate(
             config,
@@ -66,7 +78,10 @@ def run_point(config, params, prompts, spec, max_new: int, linear: str = "auto")
             max_new_tokens=max_new,
             speculative=spec,
             linear=linear,
-            attention=stock_attention(linear),
+            attention=stock_attention(linear) if attention is None else attention,
+            capacity=None
+            if capacity_for is None
+            else decoding.default_capacity(len(p), capacity_for, k),
         )
         for p in prompts
     ]

@@ -195,13 +195,11 @@ def _block(kind: str, p: dict, impl: str) -> dict:
     return q
 
 
-def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, attention: str) -> dict:
+def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str) -> dict:
     q = dict(p)
     for kind in ("attn", "gdn"):
         if kind in q:
             q[kind] = _block(kind, q[kind], impl)
-    if "attn" in q:
-        q["attn"] = {**q["attn"], "core": AttentionCore(attention)}
     q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl)
     return q
 
@@ -217,17 +215,16 @@ def inference_params(config: ModelConfig, params: dict, impl: str, attention: st
     check_finite(params)
     out = dict(params)
     out["layers"] = [
-        _layer(config, config.mlp_types[i], p, impl, attention)
-        for i, p in enumerate(params["layers"])
+        _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
     ]
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     out["lm_head"] = Linear.of(head, impl)
     if "mtp" in params:
         mtp = dict(params["mtp"])
         mtp["fc"] = Linear.of(mtp["fc"], impl)
-        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl, attention)
+        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
         out["mtp"] = mtp
-    return out
+    return mark_attention(out, attention)
 
 
 def mark_attention(tree: dict, attention: str) -> dict:
