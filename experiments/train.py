@@ -13,7 +13,9 @@ with the model's own tokenizer (``checkpoints.load_tokenizer``; bytes for the 25
 without --data, the offline stdlib corpus (byte models only). ``--phase=mtp_only`` freezes the
 trunk (no optimizer state for it) and trains the head with ``--loss=distill`` by default (KL from
 the trunk's own distribution of the token after next: what acceptance rewards) or ``--loss=ce``.
-A base without MTP weights gets a fresh head (``mtpspec.training.heads``).
+A base without MTP weights gets a fresh head (``mtpspec.training.heads``). ``--mtp_depth=3``
+trains the head chained on its own output, as it drafts for num_draft >= 2 (how the shipped
+default model's head was made: docs/decisions.md §6).
 
 The final params land in WORKDIR/final (``checkpoints.load``; ``experiments.export_hf`` writes
 them as an HF directory); per-step metrics (losses, learning rate) in WORKDIR/metrics.jsonl and as
@@ -58,6 +60,10 @@ flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
 flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
 flags.DEFINE_integer("warmup", 50, "Warm-up steps.")
 flags.DEFINE_float("mtp_weight", 0.5, "Weight of the MTP loss (joint phase).")
+flags.DEFINE_integer(
+    "mtp_depth", 1, "Train the MTP head chained on its own output over this many drafts, as the "
+    "proposer uses it for num_draft >= 2 (loss averaged over the depths).",
+)  # fmt: skip
 flags.DEFINE_enum("phase", "joint", ["joint", "mtp_only"], "joint, or MTP head on a frozen trunk.")
 flags.DEFINE_enum(
     "loss", None, ["ce", "distill"],
@@ -110,6 +116,7 @@ def main(argv):
         lr=FLAGS.lr,
         warmup=FLAGS.warmup,
         mtp_weight=FLAGS.mtp_weight,
+        mtp_depth=FLAGS.mtp_depth,
         phase=FLAGS.phase,
         loss=loss,
         seed=FLAGS.seed,

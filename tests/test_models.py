@@ -244,3 +244,35 @@ def test_default_like_scales_the_default_family():
     big = C.default_like(12, 256)
     assert big.num_layers == 12 and big.layer_types.count(C.FULL) == 4 and big.head_dim == 64
     assert 11.0e6 < count(big) < 11.3e6  # experiments.shape_sweep's 11.15M
+
+
+def test_mtp_chain_equals_the_cached_draft_chain(random_model):
+    """Teacher-forced depth d, row i == the proposer's draft d from row i: the MTP cache folded
+    over rows 0..i, then d - 1 chained one-token steps on the head's own output hidden."""
+    config, params = random_model
+    depth, t = 3, 9
+    tokens = jax.random.randint(jax.random.key(5), (2, t), 0, config.vocab_size)
+    _, hidden = models.forward_hidden(config, params, tokens)
+    chain = jax.jit(decoder.mtp_chain_impl, static_argnums=(0, 4))(
+        config, params, hidden, tokens, depth
+    )
+    assert [c.shape[1] for c in chain] == [t - 1, t - 2, t - 3]
+    want1, _ = models.mtp_forward(config, params, hidden[:, :-1], tokens[:, 1:])
+    assert rel_err(chain[0], want1) <= 1e-5
+    one = jnp.ones((2,), jnp.int32)
+    for i in (0, 3, t - 1 - depth):
+        state = models.init_decode_state(config, 2, 16)
+        n = jnp.full((2,), i + 1, jnp.int32)
+        logits, h, state = models.mtp_window_step(
+            config, params, state, hidden[:, : i + 1], tokens[:, 1 : i + 2], n
+        )
+        h = h[:, i : i + 1]
+        for d in range(2, depth + 1):
+            logits, h, state = models.mtp_window_step(
+                config, params, state, h, tokens[:, i + d : i + d + 1], one
+            )
+            assert rel_err(logits[:, 0], chain[d - 1][:, i]) <= 1e-5, (i, d)
+    # negative control: depth 1 at row i + 1 (the trunk's hidden where the chain feeds the
+    # head's own output, the only pairing a depth-1 loss trains) predicts the same token
+    # differently
+    assert rel_err(want1[:, 1:], chain[1]) > 1e-2

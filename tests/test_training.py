@@ -173,6 +173,33 @@ def test_distill_needs_the_mtp_only_phase():
         TrainConfig(loss="kl")
 
 
+def test_chained_mtp_training_trains_the_later_drafts():
+    """mtp_depth=3 (mtp_only, distill): the chained depths' KL falls — the objective the
+    proposer's drafts 2..k need, which a depth-1 loss does not see — and the depth-1 metrics
+    keep their names; bad depths are refused."""
+    config = C.tiny_hybrid(vocab_size=64)
+    params = models.init_params(config, jax.random.key(2), norm_scale=0.1)
+    tc = TrainConfig(steps=40, batch=4, seq_len=24, phase="mtp_only", loss="distill", warmup=2,
+                     lr=1e-2, mtp_depth=3)  # fmt: skip
+    opt = make_optimizer(tc)
+    step = make_train_step(config, tc, opt)
+    rng = np.random.default_rng(1)
+    batch = jnp.asarray(rng.integers(0, 8, (4, 25)), jnp.int32)
+    state, new, first = opt.init(params), params, None
+    for _ in range(40):
+        new, state, m = step(new, state, batch)
+        first = first if first is not None else m
+    assert {"mtp_kl", "mtp_kl_d2", "mtp_kl_d3", "mtp_agree_d3"} <= set(m)
+    assert float(m["loss"]) == pytest.approx(
+        (float(m["mtp_kl"]) + float(m["mtp_kl_d2"]) + float(m["mtp_kl_d3"])) / 3, rel=1e-5
+    )
+    for key in ("mtp_kl_d2", "mtp_kl_d3"):
+        assert float(m[key]) < 0.7 * float(first[key]), key
+    for bad in (0, 24):
+        with pytest.raises(ValueError, match="mtp_depth"):
+            TrainConfig(seq_len=24, mtp_depth=bad)
+
+
 def test_load_text_reads_files_directories_and_jsonl(tmp_path):
     tok = ByteTokenizer(eos_token_ids=[0])
     d = tmp_path / "d"

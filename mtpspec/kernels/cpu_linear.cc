@@ -29,7 +29,7 @@ constexpr int64_t kTile = 16;
 template <int R, int S>
 __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k,
                                                          const float* w, float* out,
-                                                         int64_t ldo) {
+                                                         int64_t ldo, int64_t pf) {
   __m256 acc[S][R][2];
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();
@@ -37,6 +37,7 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
   for (; i + S <= k; i += S) {
     for (int s = 0; s < S; ++s) {
       const float* wi = w + (i + s) * kTile;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
       const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_broadcast_ss(x + r * k + i + s);
@@ -69,39 +70,64 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
 template <int R, int S>
 __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
                                                       const float* wt, float* y, int64_t n,
-                                                      int64_t c0, int64_t width) {
+                                                      int64_t c0, int64_t width, int64_t pf) {
   if (width == kTile) {
-    TileRows<R, S>(x, k, wt, y + c0, n);
+    TileRows<R, S>(x, k, wt, y + c0, n, pf);
     return;
   }
   alignas(32) float buf[R * kTile];
-  TileRows<R, S>(x, k, wt, buf, kTile);
+  TileRows<R, S>(x, k, wt, buf, kTile, pf);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
-// Output columns [16 t0, 16 t1) of every row: rows in blocks of 4, then the 1-3 left over. A row's
-// accumulation order depends on the size of the block it falls in (as in any blocked GEMM).
-__attribute__((target("avx2,fma"))) void Tiles(const float* x, int64_t rows, int64_t k,
-                                               const float* w, int64_t n, float* y, int64_t t0,
-                                               int64_t t1) {
+// Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
+// the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
+// depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
+// tile prefetches (the later ones find the tile in L1).
+__attribute__((target("avx2,fma"))) void RowTiles(const float* x, int64_t rows, int64_t k,
+                                                  const float* w, int64_t n, float* y, int64_t t0,
+                                                  int64_t t1, int64_t pf) {
   for (int64_t t = t0; t < t1; ++t) {
     const float* wt = w + t * k * kTile;
     const int64_t c0 = t * kTile;
     const int64_t width = n - c0 < kTile ? n - c0 : kTile;
     int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) Block<4, 1>(x + r * k, k, wt, y + r * n, n, c0, width);
+    for (; r + 6 <= rows; r += 6) {
+      Block<6, 1>(x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+    }
+    const float* xr = x + r * k;
+    float* yr = y + r * n;
+    const int64_t p = r == 0 ? pf : 0;
     switch (rows - r) {
+      case 5:
+        Block<5, 1>(xr, k, wt, yr, n, c0, width, p);
+        break;
+      case 4:
+        Block<4, 1>(xr, k, wt, yr, n, c0, width, p);
+        break;
       case 3:
-        Block<3, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<3, 2>(xr, k, wt, yr, n, c0, width, p);
         break;
       case 2:
-        Block<2, 2>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<2, 2>(xr, k, wt, yr, n, c0, width, p);
         break;
       case 1:
-        Block<1, 4>(x + r * k, k, wt, y + r * n, n, c0, width);
+        Block<1, 4>(xr, k, wt, yr, n, c0, width, p);
         break;
     }
+  }
+}
+
+// Rows are taken kRowBlock at a time (a prefill's rows stay in L2 while every tile streams past
+// them; a decode step or verify window is one block).
+constexpr int64_t kRowBlock = 60;  // a multiple of 6
+
+void Tiles(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y,
+           int64_t t0, int64_t t1, int64_t pf) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int64_t rn = std::min(kRowBlock, rows - r0);
+    RowTiles(x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
   }
 }
 
@@ -113,13 +139,13 @@ struct Work {
   const float* x;
   const float* w;
   float* y;
-  int64_t rows, k, n, tiles, chunks;
+  int64_t rows, k, n, tiles, chunks, pf;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   void Run() {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      Tiles(x, rows, k, w, n, y, c * tiles / chunks, (c + 1) * tiles / chunks);
+      Tiles(x, rows, k, w, n, y, c * tiles / chunks, (c + 1) * tiles / chunks, pf);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -129,7 +155,7 @@ struct Work {
 constexpr int64_t kMinShared = 32 * 1024;
 
 ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                  ffi::ResultBuffer<ffi::F32> y, int64_t threads) {
+                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
@@ -143,7 +169,7 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   }
   const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
   if (helpers <= 0 || tiles < 2 || rows * k * n < kMinShared) {
-    Tiles(x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles);
+    Tiles(x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles, pf);
     return ffi::Error::Success();
   }
   auto work = std::make_shared<Work>();
@@ -154,6 +180,7 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   work->k = k;
   work->n = n;
   work->tiles = tiles;
+  work->pf = pf;
   work->chunks = std::min<int64_t>(tiles, 4 * (helpers + 1));
   for (int64_t h = 0; h < helpers; ++h) pool.Schedule([work] { work->Run(); });
   work->Run();
@@ -169,7 +196,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, Linear,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("prefetch"));
 
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();

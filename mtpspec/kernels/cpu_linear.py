@@ -5,9 +5,10 @@ target.
     wp = pack(w)                       # [in, out] -> [ceil(out / 16), in, 16] float32, once
     y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
 
-Rows are processed in blocks of 4 (then 3, 2 or 1) against each 16-column tile, so a row's
-accumulation order depends on the block it falls in, as in any blocked GEMM. Work above ~32 K
-multiply-adds is shared with one helper thread of XLA's intra-op pool (``THREADS``).
+Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
+each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
+blocked GEMM, and a window of up to 6 rows reads every weight once. Work above ~32 K multiply-adds
+is shared with one helper thread of XLA's intra-op pool (``THREADS``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ TARGET = "mtpspec_cpu_linear"
 TILE = 16
 # caller + one pool helper: the 2-core machines this is tuned on (1: the caller alone)
 THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
-SHARED_MAX_ROWS = 8  # calls with more rows run on the caller alone (see apply)
+# Software prefetch this many 64-byte weight rows ahead of the FMAs (0 = off): overlaps the
+# weight stream with the arithmetic, which a window of 3+ rows needs (BUILD_NOTES 2026-12-02,
+# fourth session: in-loop r(4) 1.47 -> 1.10). Read when a call is traced.
+PREFETCH = 64
 
 
 KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
@@ -58,7 +62,6 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call)."""
     require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
-    threads = THREADS if rows <= SHARED_MAX_ROWS else 1
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
-        x.astype(jnp.float32), wp, threads=np.int64(threads)
+        x.astype(jnp.float32), wp, threads=np.int64(THREADS), prefetch=np.int64(PREFETCH)
     )

@@ -186,6 +186,42 @@ def mtp_forward_impl(config: ModelConfig, params: dict, hidden, next_tokens, sta
 _mtp_forward = jax.jit(mtp_forward_impl, static_argnames=("config",))
 
 
+def mtp_chain_impl(config: ModelConfig, params: dict, hidden, tokens, depth: int) -> list:
+    """The MTP head chained ``depth`` times on its own output, teacher-forced, as the proposer
+    drafts (unjitted; training losses). ``hidden`` [b, T, H]: the trunk's final-normed hidden of
+    positions 0..T-1; ``tokens`` [b, T]: the tokens at those positions. Depth d's row i pairs
+    depth d-1's output of row i (the trunk's h_i at d = 1) with the token at i + d, sits at
+    position i + d - 1 and predicts the token at i + d + 1; its attention reads depth 1's rows
+    0..i and the rows of its own chain at depths 2..d (what the MTP cache holds when the
+    proposer makes draft d from row i). Returns [logits [b, T - d, V] for d = 1..depth]; depth 1
+    is ``mtp_forward_impl`` of rows 0..T-2."""
+    p, b, t = params["mtp"], hidden.shape[0], hidden.shape[1]
+    layer = p["layer"]
+    m, ctx, own, out = hidden, None, [], []
+    for d in range(1, depth + 1):
+        n = t - d
+        e = layers.norm(config, params["embed"][tokens[:, d : d + n]], p["norm_embed"])
+        h = layers.norm(config, m[:, :n].astype(e.dtype), p["norm_hidden"])
+        x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
+        pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None] + (d - 1), (b, n))
+        q, gate, k, v = layers.attention_inputs(
+            config, layer["attn"], layers.norm(config, x, layer["input_norm"]), pos
+        )
+        if d == 1:
+            ctx = (k, v)
+            o = layers.grouped_attention(q, k, v, pos, pos)
+        else:
+            own = [(ko[:, :n], vo[:, :n]) for ko, vo in own] + [(k, v)]
+            own_k, own_v = (jnp.stack(z, axis=2) for z in zip(*own))
+            o = layers.chain_attention(q, ctx[0][:, :n], ctx[1][:, :n], own_k, own_v)
+        x = x + layers.attention_output(layer["attn"], o, gate, x.dtype).astype(x.dtype)
+        post = layers.norm(config, x, layer["post_norm"])
+        x = x + layers.mlp(config, config.mtp_mlp_type, layer["mlp"], post).astype(x.dtype)
+        m = layers.norm(config, x, p["norm"])
+        out.append(lm_logits(config, params, m))
+    return out
+
+
 def mtp_forward(config: ModelConfig, params: dict, hidden, next_tokens, start=None):
     """Teacher-forced MTP head: row i pairs ``hidden[:, i]`` (final-normed hidden of position
     start+i) with ``next_tokens[:, i]`` (the token at position start+i+1), at rope position

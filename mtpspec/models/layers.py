@@ -153,12 +153,9 @@ def attention(
     cache: AttentionCache | None,
 ) -> tuple[jax.Array, AttentionCache | None]:
     b, t, _ = x.shape
-    hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    q, gate, k, v = projections(x, p, FUSED["attn"])
-    q, k, v = q.reshape(b, t, hq, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
-    q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
+    hd = config.head_dim
     positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, t]
-    q, k = apply_rope(config, q, positions), apply_rope(config, k, positions)
+    q, gate, k, v = attention_inputs(config, p, x, positions)
 
     if cache is None:  # the window attends to itself
         new_cache = None
@@ -184,10 +181,51 @@ def attention(
             o = step_attention(q, cache.k, cache.v, k, v, start)
         else:
             o = cached_attention(q, new_k, new_v, positions)
-    o = o.reshape(b, t, hq * hd)
-    o = o * jax.nn.sigmoid(gate)
     del valid  # padded queries compute garbage that is never used; their KV rows stay stale
-    return linear(o.astype(x.dtype), p["w_o"]), new_cache
+    return attention_output(p, o, gate, x.dtype), new_cache
+
+
+def attention_inputs(config: ModelConfig, p: dict, x: jax.Array, positions: jax.Array):
+    """Queries [b, t, hq, d], output gate [b, t, hq * d], keys and values [b, t, g, d] of a
+    window at ``positions`` [b, t]: projected, q/k normed and rotated."""
+    b, t, _ = x.shape
+    hq, hkv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    q, gate, k, v = projections(x, p, FUSED["attn"])
+    q, k, v = q.reshape(b, t, hq, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
+    q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
+    return apply_rope(config, q, positions), gate, apply_rope(config, k, positions), v
+
+
+def attention_output(p: dict, o: jax.Array, gate: jax.Array, dtype) -> jax.Array:
+    """The attention block's output: heads o [b, t, hq, d] gated by sigmoid(gate), projected."""
+    b, t = o.shape[:2]
+    o = o.reshape(b, t, -1) * jax.nn.sigmoid(gate)
+    return linear(o.astype(dtype), p["w_o"])
+
+
+def chain_attention(
+    q: jax.Array,  # [b, t, hq, d] row i's query
+    ctx_k: jax.Array,  # [b, t, g, d] keys of rows 0..t-1, row j visible to query i when j <= i
+    ctx_v: jax.Array,
+    own_k: jax.Array,  # [b, t, m, g, d] m further keys that only row i's query sees
+    own_v: jax.Array,
+) -> jax.Array:  # [b, t, hq, d] float32
+    """GQA attention of a chained MTP draft, teacher-forced: row i's query reads the first-depth
+    keys of rows 0..i (what the MTP cache holds when draft 1 is made from row i) and the keys its
+    own chain wrote at the later depths (row i's alone) — one softmax over both, as the cached
+    draft step computes it."""
+    b, t, hq, d = q.shape
+    g = ctx_k.shape[2]
+    f32 = jnp.float32
+    qg = q.astype(f32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    s_ctx = jnp.einsum("btgrd,bsgd->bgrts", qg, ctx_k.astype(f32), precision=HIGHEST)
+    causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [t (query), t (key)]
+    s_ctx = jnp.where(causal, s_ctx, -jnp.inf)
+    s_own = jnp.einsum("btgrd,btmgd->bgrtm", qg, own_k.astype(f32), precision=HIGHEST)
+    probs = jax.nn.softmax(jnp.concatenate([s_ctx, s_own], axis=-1), axis=-1)
+    o = jnp.einsum("bgrts,bsgd->btgrd", probs[..., :t], ctx_v.astype(f32), precision=HIGHEST)
+    o = o + jnp.einsum("bgrtm,btmgd->btgrd", probs[..., t:], own_v.astype(f32), precision=HIGHEST)
+    return o.reshape(b, t, hq, d)
 
 
 # ---- gated delta net ----------------------------------------------------------------------------

@@ -9,7 +9,11 @@ trains the MTP module against it, with ``loss="distill"`` (KL from the trunk's o
 distribution at row i+1, i.e. the base model's law of token i+2: what greedy acceptance asks the
 head to match) or ``loss="ce"`` (the data's token i+2). Every MTP run also reports ``mtp_agree``:
 how often the head's argmax equals the trunk's at the same token — the greedy acceptance rate of
-the first draft.
+the first draft. ``mtp_depth`` d > 1 unrolls the head on its own output as the proposer drafts
+2..k (``decoder.mtp_chain_impl``, teacher-forced on the data's tokens) and averages the loss over
+the d depths; depth j's metrics are ``mtp_kl_dj``, ``mtp_agree_dj``, ... (a head trained at depth
+1 only sees the trunk's hidden, never its own output, and its later drafts are accepted far less
+often).
 
 Resume: an orbax ``CheckpointManager`` keeps the last checkpoints of {params, opt_state}; batches
 are a pure function of (seed, step) (``data.batch_at``), so a run killed at any point and started
@@ -56,6 +60,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip: float = 1.0
     mtp_weight: float = 0.5
+    mtp_depth: int = 1  # MTP loss over this many chained drafts (decoder.mtp_chain_impl)
     phase: str = "joint"  # "joint" | "mtp_only"
     loss: str = "ce"  # the MTP head's loss: "ce" (data) | "distill" (mtp_only: the trunk's law)
     seed: int = 0
@@ -74,7 +79,8 @@ class TrainConfig:
                 "loss='distill' needs phase='mtp_only' (the target is the trunk's own "
                 "distribution, which must be frozen)"
             )
-        for name in ("steps", "batch", "seq_len", "save_every", "eval_every", "log_every"):
+        names = ("steps", "batch", "seq_len", "save_every", "eval_every", "log_every", "mtp_depth")
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -90,6 +96,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.lr == 0:
             raise ValueError("lr must be > 0 (a zero learning rate trains nothing)")
+        if self.mtp_depth >= self.seq_len:
+            raise ValueError(f"mtp_depth ({self.mtp_depth}) must be below seq_len ({self.seq_len})")
 
 
 def _cross_entropy(logits, targets):
@@ -97,27 +105,38 @@ def _cross_entropy(logits, targets):
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
 
-def losses(config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk: bool = False):
+def losses(
+    config: ModelConfig, params: dict, batch: jax.Array, *, detach_trunk: bool = False,
+    mtp_depth: int = 1,
+):  # fmt: skip
     """batch [b, t + 1] -> dict(main, mtp, mtp_acc, mtp_kl, mtp_agree) (nats/token; mtp_kl is
-    KL(trunk's law of token i+2 || head's), mtp_agree the share of rows whose argmax agree)."""
+    KL(trunk's law of token i+2 || head's), mtp_agree the share of rows whose argmax agree).
+    With ``mtp_depth`` d > 1 the head is also chained on its own output as the proposer drafts
+    (``decoder.mtp_chain_impl``): the same four for depth j >= 2 under keys ``mtp_dj``,
+    ``mtp_kl_dj``, ..., against the token (trunk's law) at i + j + 1."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    b = inputs.shape[0]
     logits, hidden = decoder.forward_impl(config, params, inputs, "chunk")
     main = _cross_entropy(logits, targets)
     out = {"main": main}
     if config.mtp_num_layers:
         h = jax.lax.stop_gradient(hidden) if detach_trunk else hidden
-        zeros = jnp.zeros((b,), jnp.int32)
-        mtp_logits, _ = decoder.mtp_forward_impl(config, params, h[:, :-1], inputs[:, 1:], zeros)
-        out["mtp"] = _cross_entropy(mtp_logits, targets[:, 1:])
-        out["mtp_acc"] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, 1:])
-        base = jax.lax.stop_gradient(logits[:, 1:])  # row i + 1: the trunk's law of token i + 2
-        logp_base = jax.nn.log_softmax(base.astype(jnp.float32), axis=-1)
-        logq = jax.nn.log_softmax(mtp_logits.astype(jnp.float32), axis=-1)
-        kl = jnp.sum(jnp.exp(logp_base) * (logp_base - logq), axis=-1)
-        out["mtp_kl"] = jnp.mean(kl)
-        out["mtp_agree"] = jnp.mean(jnp.argmax(mtp_logits, -1) == jnp.argmax(base, -1))
+        chain = decoder.mtp_chain_impl(config, params, h, inputs, mtp_depth)
+        for d, mtp_logits in enumerate(chain, start=1):
+            sfx = "" if d == 1 else f"_d{d}"
+            out["mtp" + sfx] = _cross_entropy(mtp_logits, targets[:, d:])
+            out["mtp_acc" + sfx] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, d:])
+            base = jax.lax.stop_gradient(logits[:, d:])  # row i + d: the trunk's law of i + d + 1
+            logp_base = jax.nn.log_softmax(base.astype(jnp.float32), axis=-1)
+            logq = jax.nn.log_softmax(mtp_logits.astype(jnp.float32), axis=-1)
+            kl = jnp.sum(jnp.exp(logp_base) * (logp_base - logq), axis=-1)
+            out["mtp_kl" + sfx] = jnp.mean(kl)
+            out["mtp_agree" + sfx] = jnp.mean(jnp.argmax(mtp_logits, -1) == jnp.argmax(base, -1))
     return out
+
+
+def mtp_loss(parts: dict, key: str, depth: int):
+    """The MTP objective: ``key`` ("mtp" or "mtp_kl") averaged over the chained depths."""
+    return sum(parts[key if d == 1 else f"{key}_d{d}"] for d in range(1, depth + 1)) / depth
 
 
 def learning_rate(tc: TrainConfig):
@@ -155,11 +174,14 @@ def make_train_step(config: ModelConfig, tc: TrainConfig, optimizer, *, mesh=Non
         mesh = sharding.check_mesh(mesh)
 
     def loss_fn(params, batch):
-        parts = losses(config, params, batch, detach_trunk=tc.phase == "mtp_only")
+        parts = losses(
+            config, params, batch, detach_trunk=tc.phase == "mtp_only", mtp_depth=tc.mtp_depth
+        )
         if tc.phase == "mtp_only":
-            total = parts["mtp_kl"] if tc.loss == "distill" else parts["mtp"]
+            total = mtp_loss(parts, "mtp_kl" if tc.loss == "distill" else "mtp", tc.mtp_depth)
         else:
-            total = parts["main"] + tc.mtp_weight * parts.get("mtp", 0.0)
+            head = mtp_loss(parts, "mtp", tc.mtp_depth) if "mtp" in parts else 0.0
+            total = parts["main"] + tc.mtp_weight * head
         return total, parts
 
     def step(params, opt_state, batch):
@@ -234,8 +256,10 @@ def _place_batch(batch, mesh) -> jax.Array:
     return sharding.place_host_array(batch, sharding.batch_sharding(mesh, batch.ndim))
 
 
-def evaluate(config: ModelConfig, params: dict, batches: list[np.ndarray], *, mesh=None) -> dict:
-    fn = jax.jit(lambda p, b: losses(config, p, b))
+def evaluate(
+    config: ModelConfig, params: dict, batches: list[np.ndarray], *, mesh=None, mtp_depth: int = 1
+) -> dict:
+    fn = jax.jit(lambda p, b: losses(config, p, b, mtp_depth=mtp_depth))
     if mesh is not None:
         mesh = sharding.check_mesh(mesh)
         params = sharding.shard_params(config, params, mesh)
@@ -272,6 +296,9 @@ def _log_eval(log, writer, step: int, ev: dict) -> None:
         f"  held-out: main {ev['main']:.4f} nats/token, mtp {ev.get('mtp', nan):.4f}, "
         f"mtp KL {ev.get('mtp_kl', nan):.4f}, mtp top-1 {ev.get('mtp_acc', nan):.3f}, "
         f"agrees with the trunk {ev.get('mtp_agree', nan):.3f}"
+        + "".join(
+            f", at depth {k[11:]} {v:.3f}" for k, v in ev.items() if k.startswith("mtp_agree_d")
+        )
     )
     if writer is not None:
         for k, v in ev.items():
@@ -483,7 +510,7 @@ def train(
                 _log_progress(log, step, tc.steps, m, rate, eta)
                 window_s, window_tokens = 0.0, 0
             if step % tc.eval_every == 0 or step == tc.steps:
-                last_eval = evaluate(config, params, held, mesh=mesh)
+                last_eval = evaluate(config, params, held, mesh=mesh, mtp_depth=tc.mtp_depth)
                 _log_eval(log, writer, step, last_eval)
             if step % tc.save_every == 0 or step == tc.steps:
                 manager.save(step, args=ocp.args.StandardSave({"params": params, "opt": opt_state}))
