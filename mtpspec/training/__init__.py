@@ -1,9 +1,11 @@
 """Training: offline corpus and your own text (``data``), a base model with its MTP head or a fresh
-one (``heads``), optax training with an MTP loss and orbax resume (``train``)."""
+one (``heads``), the losses, one MTP depth or a chain (``losses``), optax training and orbax
+resume (``train``)."""
 
 from mtpspec.training.data import build_manifest, load_corpus, load_text
 from mtpspec.training.heads import load_base
-from mtpspec.training.train import TrainConfig, evaluate, losses, train
+from mtpspec.training.losses import losses
+from mtpspec.training.train import TrainConfig, evaluate, train
 
 __all__ = [
     "TrainConfig",
