@@ -31,14 +31,18 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
                                                          const float* w, float* out,
                                                          int64_t ldo, int64_t pf) {
   __m256 acc[S][R][2];
+#pragma GCC unroll 8
   for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + S <= k; i += S) {
+#pragma GCC unroll 8
     for (int s = 0; s < S; ++s) {
       const float* wi = w + (i + s) * kTile;
       if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
       const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_broadcast_ss(x + r * k + i + s);
         acc[s][r][0] = _mm256_fmadd_ps(xb, w0, acc[s][r][0]);
@@ -49,12 +53,14 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
   for (; i < k; ++i) {  // the last k mod S inputs, into set 0 (a static index keeps acc in registers)
     const float* wi = w + i * kTile;
     const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xb = _mm256_broadcast_ss(x + r * k + i);
       acc[0][r][0] = _mm256_fmadd_ps(xb, w0, acc[0][r][0]);
       acc[0][r][1] = _mm256_fmadd_ps(xb, w1, acc[0][r][1]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     __m256 y0 = acc[0][r][0], y1 = acc[0][r][1];
     for (int s = 1; s < S; ++s) {
