@@ -12,8 +12,9 @@ a separate tree made for decoding, in which
     transposed embedding when tied) is a ``Linear`` too.
 
 A ``Linear`` with ``impl="ffi"`` holds its weight packed for ``kernels.cpu_linear`` and calls it
-for up to ``FFI_MAX_ROWS`` rows (the decode step, the verify window); beyond that (prefill) it
-unpacks in the program and uses XLA's dot. ``impl="xla"`` keeps a plain fused [in, out] matrix.
+for up to ``FFI_MAX_ROWS`` rows (the decode step, the verify window, a prompt of up to 256
+tokens); beyond that (longer prefills) it unpacks in the program and uses XLA's dot.
+``impl="xla"`` keeps a plain fused [in, out] matrix.
 Every attention block carries an ``AttentionCore`` marker: "ffi" runs ``kernels.cpu_attention``
 for decode windows, "xla" XLA's form (``resolve_attention``, ``mark_attention``).
 """
@@ -33,10 +34,10 @@ from mtpspec.kernels import cpu_attention, cpu_linear
 
 HIGHEST = Precision.HIGHEST
 LINEAR_IMPLS = ("auto", "xla", "ffi")
-# rows (batch × window) up to which the C++ kernel is used; prefill beyond (a 160-token prefill
-# of the default model: 28 ms unpacking for XLA's dot, 39 ms through the kernel, 24 ms with
-# linear="xla"; BUILD_NOTES 2026-12-02, fourth session)
-FFI_MAX_ROWS = 64
+# rows (batch × window) up to which the C++ kernel is used, XLA's dot on the unpacked weight
+# beyond: a 160-token prefill of the default model took 25 ms through the kernel, 37-42 ms
+# unpacking, 26 ms with linear="xla" (BUILD_NOTES 2026-12-02, fourth session)
+FFI_MAX_ROWS = 256
 
 FUSED = {
     "attn": ("w_q", "w_gate", "w_k", "w_v"),
