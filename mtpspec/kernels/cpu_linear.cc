@@ -3,7 +3,10 @@
 //
 // W is packed once at load as [tiles, in, 16] float32: tile j holds output columns 16j..16j+15
 // (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
-// read from memory once per call and re-read from L1/L2 for every further block of rows.
+// read from memory once per call (software-prefetched `prefetch` rows ahead, so the stream
+// overlaps the arithmetic of a multi-row window) and re-read from L1/L2 for every further block
+// of rows. The row and accumulator-set loops are force-unrolled: left to GCC, the 5- and 6-row
+// blocks kept their accumulators in memory (2-3x slower).
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
 // mtpspec/kernels/library.py, which checks `mtpspec_cpu_linear_supported()` first (the whole library
