@@ -357,6 +357,17 @@ def test_resume_with_changed_hyper_parameters_is_refused_unless_asked(tiny_run, 
     logs = _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, steps=4), allow_config_change=True)
     assert any("changed hyper-parameters: steps" in line for line in logs), logs
     assert _steps(tmp_path) == [1, 2, 3, 4]
+    # a directory recorded before a field existed (mtp_depth) resumes: the field had its default
+    import json
+
+    path = tmp_path / "train_config.json"
+    recorded = json.loads(path.read_text())
+    del recorded["mtp_depth"]
+    path.write_text(json.dumps(recorded))
+    logs = _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, steps=4))
+    assert not any("changed hyper-parameters" in line for line in logs), logs
+    with pytest.raises(ValueError, match=r"mtp_depth: 1 -> 2"):
+        _train(tiny_run, tmp_path, tc=dataclasses.replace(tc, steps=4, mtp_depth=2))
 
 
 def test_tau_does_not_count_tokens_cut_at_max_new_tokens(model):

@@ -334,6 +334,9 @@ def _check_resume_config(workdir: pathlib.Path, tc: TrainConfig, allow: bool, lo
             before = json.loads(path.read_text())
         except ValueError as e:
             raise ValueError(f"{path} is not valid JSON ({e}); remove it to resume anyway") from e
+        # a field added since the directory was recorded counts as its default (an older run of
+        # this code trained with it)
+        before = {**{f.name: f.default for f in dataclasses.fields(TrainConfig)}, **before}
         changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
         changed = [k for k in changed if k not in RESUMABLE_CHANGES]
         if changed and not allow:
