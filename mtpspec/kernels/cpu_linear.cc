@@ -90,6 +90,13 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
+// The block for each row count 1..6, with its accumulator sets (one row: 4 independent FMA
+// chains; 2-3 rows: 2; 4-6 rows: 1).
+using BlockFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t,
+                         int64_t);
+constexpr BlockFn kBlocks[7] = {nullptr,      Block<1, 4>, Block<2, 2>, Block<3, 2>,
+                                Block<4, 1>, Block<5, 1>, Block<6, 1>};
+
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
 // the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
 // depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
@@ -103,28 +110,9 @@ __attribute__((target("avx2,fma"))) void RowTiles(const float* x, int64_t rows, 
     const int64_t width = n - c0 < kTile ? n - c0 : kTile;
     int64_t r = 0;
     for (; r + 6 <= rows; r += 6) {
-      Block<6, 1>(x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+      kBlocks[6](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
     }
-    const float* xr = x + r * k;
-    float* yr = y + r * n;
-    const int64_t p = r == 0 ? pf : 0;
-    switch (rows - r) {
-      case 5:
-        Block<5, 1>(xr, k, wt, yr, n, c0, width, p);
-        break;
-      case 4:
-        Block<4, 1>(xr, k, wt, yr, n, c0, width, p);
-        break;
-      case 3:
-        Block<3, 2>(xr, k, wt, yr, n, c0, width, p);
-        break;
-      case 2:
-        Block<2, 2>(xr, k, wt, yr, n, c0, width, p);
-        break;
-      case 1:
-        Block<1, 4>(xr, k, wt, yr, n, c0, width, p);
-        break;
-    }
+    if (r < rows) kBlocks[rows - r](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
   }
 }
 
