@@ -11,6 +11,12 @@ from mtpspec.config import ModelConfig
 from mtpspec.models import decoder
 
 
+def depth_key(name: str, depth: int) -> str:
+    """The metric ``name`` of chained depth ``depth``: ``name`` itself at depth 1, else
+    ``name_d<depth>``."""
+    return name if depth == 1 else f"{name}_d{depth}"
+
+
 def _cross_entropy(logits, targets):
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
@@ -33,18 +39,18 @@ def losses(
         h = jax.lax.stop_gradient(hidden) if detach_trunk else hidden
         chain = decoder.mtp_chain_impl(config, params, h, inputs, mtp_depth)
         for d, mtp_logits in enumerate(chain, start=1):
-            sfx = "" if d == 1 else f"_d{d}"
-            out["mtp" + sfx] = _cross_entropy(mtp_logits, targets[:, d:])
-            out["mtp_acc" + sfx] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, d:])
+            out[depth_key("mtp", d)] = _cross_entropy(mtp_logits, targets[:, d:])
+            out[depth_key("mtp_acc", d)] = jnp.mean(jnp.argmax(mtp_logits, -1) == targets[:, d:])
             base = jax.lax.stop_gradient(logits[:, d:])  # row i + d: the trunk's law of i + d + 1
             logp_base = jax.nn.log_softmax(base.astype(jnp.float32), axis=-1)
             logq = jax.nn.log_softmax(mtp_logits.astype(jnp.float32), axis=-1)
             kl = jnp.sum(jnp.exp(logp_base) * (logp_base - logq), axis=-1)
-            out["mtp_kl" + sfx] = jnp.mean(kl)
-            out["mtp_agree" + sfx] = jnp.mean(jnp.argmax(mtp_logits, -1) == jnp.argmax(base, -1))
+            out[depth_key("mtp_kl", d)] = jnp.mean(kl)
+            agree = jnp.argmax(mtp_logits, -1) == jnp.argmax(base, -1)
+            out[depth_key("mtp_agree", d)] = jnp.mean(agree)
     return out
 
 
 def mtp_loss(parts: dict, key: str, depth: int):
     """The MTP objective: ``key`` ("mtp" or "mtp_kl") averaged over the chained depths."""
-    return sum(parts[key if d == 1 else f"{key}_d{d}"] for d in range(1, depth + 1)) / depth
+    return sum(parts[depth_key(key, d)] for d in range(1, depth + 1)) / depth
