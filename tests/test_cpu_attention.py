@@ -122,7 +122,7 @@ def test_the_marker_selects_the_kernel_for_decoding_windows_only():
     ffi, xla = {"core": AttentionCore("ffi")}, {"core": AttentionCore("xla")}
     assert layers.native_attention(ffi, 1)
     assert layers.native_attention(ffi, cpu_attention.MAX_T)
-    assert not layers.native_attention(ffi, cpu_attention.MAX_T + 1)  # prefill
+    assert not layers.native_attention(ffi, cpu_attention.MAX_T + 1)  # a long prefill
     assert not layers.native_attention(xla, 1)
     assert not layers.native_attention({"w_o": jnp.zeros((4, 4))}, 1)  # canonical tree
 
@@ -166,3 +166,22 @@ def test_decoding_tokens_with_either_attention(model, proposer):
         assert decoding.compile_count() == before + 1  # not the ffi program from the cache
         assert xla.tokens == native.tokens, linear
     decoding.release_compiled()
+
+
+@built
+def test_a_long_prefill_through_the_kernels_equals_the_forward(model):
+    """A prompt of several buckets (t = 100 > the old 16-token limit) prefilled as decoding runs
+    it — the C++ attention and, at these heads, the C++ GDN kernel — gives the teacher-forced
+    forward's logits on every real row; decoding picks the GDN kernel for it."""
+    config, params = model
+    tokens = jax.random.randint(jax.random.key(3), (2, 100), 0, config.vocab_size)
+    lengths = jnp.array([100, 37], jnp.int32)
+    prepared = decoding.prepare(config, params, tokens.tolist(), max_new_tokens=2)
+    assert prepared.key.prefill_method == "ffi"
+    assert layers.native_attention({"core": AttentionCore("ffi")}, 100)
+    tree = models.inference.MEMO.get(config, params, "ffi", "ffi")
+    state = models.init_decode_state(config, 2, 128)
+    got = models.decoder.window_step_impl(config, tree, state, tokens, lengths, "ffi")
+    want = models.forward(config, params, tokens)
+    for i, n in enumerate((100, 37)):
+        np.testing.assert_allclose(got.logits[i, :n], want[i, :n], rtol=2e-4, atol=2e-4)

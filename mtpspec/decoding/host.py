@@ -165,8 +165,9 @@ def _check_capacity_arg(capacity, longest: int) -> int:
 
 
 def window_gdn_method(config: ModelConfig, method: str, t: int, *, sharded: bool) -> str:
-    """The GDN form a t-token decoding window runs (``ops.gdn_method_for`` as decoding asks it:
-    the native kernel allowed, for this model's head size)."""
+    """The GDN form a t-token decoding window (verify window or prefill) runs
+    (``ops.gdn_method_for`` as decoding asks it: the native kernel allowed, for this model's head
+    size)."""
     state = config.linear_key_head_dim * config.linear_value_head_dim
     return ops.gdn_method_for(method, t, sharded=sharded, native=True, head_state=state)
 
@@ -213,7 +214,7 @@ def prepare(
         proposer=proposers.lookup(speculative.proposer).from_spec(speculative) if k else None,
         commit=speculative.commit if speculative else DEFAULT_COMMIT,
         verify_method=verify_method,
-        prefill_method=ops.gdn_method_for("auto", p_pad, sharded=sharded),
+        prefill_method=window_gdn_method(config, "auto", p_pad, sharded=sharded),
         sampling=Sampling(greedy=greedy),
         capacity=default_capacity(longest, max_new_tokens, k)
         if capacity is None

@@ -137,9 +137,8 @@ def step_attention(
 def native_attention(p: dict, t: int) -> bool:
     """Whether an attention block of the decoding tree runs the C++ kernel for a t-token window:
     its marker says "ffi" (``decoding``'s ``attention`` option) and t is at most
-    ``cpu_attention.MAX_T`` (longer windows — prefills beyond one 16-token bucket, verify
-    windows of k + 1 > 16 — use XLA's form). Same values as XLA's form within float32 rounding
-    (tests/test_cpu_attention.py)."""
+    ``cpu_attention.MAX_T`` (longer prefills use XLA's form). Same values as XLA's form within
+    float32 rounding (tests/test_cpu_attention.py)."""
     core = p.get("core")
     return isinstance(core, AttentionCore) and core.impl == "ffi" and t <= cpu_attention.MAX_T
 

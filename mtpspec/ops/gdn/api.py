@@ -44,11 +44,13 @@ from mtpspec.ops.gdn.reference import recurrent
 logger = logging.getLogger("mtpspec.ops")
 
 GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas", "ffi")
-# Decoding windows of up to FFI_MAX_T tokens run the native kernel ("ffi") under "auto" on CPU
-# when it is built and one head's state (k·v floats) is at most FFI_MAX_HEAD_STATE: the kernel
-# walks S token by token, which beat the chunked form up to t = 32 at 32×32 and 64×64 heads and
-# lost to it at 128×128 (S no longer in L1), BUILD_NOTES.md 2026-12-02.
-FFI_MAX_T = 16
+# Decoding windows and prefills of up to FFI_MAX_T tokens run the native kernel ("ffi") under
+# "auto" on CPU when it is built and one head's state (k·v floats) is at most FFI_MAX_HEAD_STATE:
+# the kernel walks S token by token, which beat the chunked form up to t = 32 at 32×32 and 64×64
+# heads and lost to it at 128×128 (S no longer in L1), BUILD_NOTES.md 2026-12-02; at 64×64 it
+# took 0.42-0.65 of the chunked form's time at every t from 16 to 2048 (fifth session), so
+# prefills use it too.
+FFI_MAX_T = 2048
 FFI_MAX_HEAD_STATE = 64 * 64
 # Default chunk length per platform: 64 as in fla/HF on GPU; on CPU 32 measured fastest at
 # realistic heads (`python -m experiments.bench_gdn --chunk_size=...`, BUILD_NOTES.md).
@@ -118,10 +120,11 @@ def gdn_method_for(
     """The GDN method a model should be run with for ``t`` positions (host side, before tracing).
 
     Validates the name. ``native``: the caller decodes (no gradient needed), so ``"auto"`` may
-    pick the C++ kernel ("ffi") on CPU for ``t <= FFI_MAX_T`` and ``head_state`` (k·v of one
-    head) ``<= FFI_MAX_HEAD_STATE`` when it is built and not under a mesh (logged); an explicit
-    ``"ffi"`` raises where it cannot run. Otherwise, without a mesh, the name is returned as is
-    (``"auto"`` resolves per call, with the call's dtypes). Under a device mesh
+    pick the C++ kernel ("ffi") on CPU for ``t <= FFI_MAX_T`` (decode steps, verify windows and
+    prefills) and ``head_state`` (k·v of one head) ``<= FFI_MAX_HEAD_STATE`` when it is built
+    and not under a mesh (logged); an explicit ``"ffi"`` raises where it cannot run. Otherwise,
+    without a mesh, the name is returned as is (``"auto"`` resolves per call, with the call's
+    dtypes). Under a device mesh
     (``sharded=True``) ``pallas_call`` and the FFI kernel have no GSPMD partitioning rule (a
     ``shard_map`` wrapper is not written yet): an explicit ``"pallas"`` or ``"ffi"`` is refused
     and ``"auto"`` is resolved here to a form that partitions (logged)."""
