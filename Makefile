@@ -59,7 +59,7 @@ test-hf: $(HF_STAMP)
 	$(HF_VENV)/bin/python -m pytest -q tests/hf
 
 demo: $(STAMP)
-	$(BIN)/python -m experiments.generate --demo --num_draft=1,2,3
+	$(BIN)/python -m experiments.generate --demo --num_draft=1,2,3,4
 
 bench-gdn: $(STAMP)
 	$(BIN)/python -m experiments.bench_gdn

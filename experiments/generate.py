@@ -6,7 +6,7 @@
         --draft_checkpoint=SMALL_DIR --json_out=out.json
     python -m experiments.generate --checkpoint=tests/fixtures/hf/qwen3_next --prompt_ids=1,2,3
     python -m experiments.generate --demo                  # what `make demo` runs
-    python -m experiments.generate --demo --num_draft=1,2,3
+    python -m experiments.generate --demo --num_draft=1,2,3,4
     python -m experiments.generate --demo --mesh=2x4       # sharded (experiments/cli.py)
 
 --checkpoint is an mtpspec checkpoint (``checkpoints.save_params``: config.json + params/) or an HF
