@@ -3,14 +3,21 @@ c channels, w conv width.
 
   gated_delta_rule            the GDN recurrence, method = recurrent | chunk | assoc | auto | pallas
   gated_delta_rule_with_aux   plus the commit data (u_t, cumulative gates, states)
+  gated_delta_rule_tree       the recurrence over a static tree (each node from its parent)
   resolve_gdn_method          what method="auto" picks for a shape and platform
   gdn_method_for              a method name checked (and resolved under a device mesh) for t
   state_after                 closed-form state after n tokens of a window, from the aux data
   causal_conv1d / causal_conv1d_step / conv_window_after   depthwise causal conv with SiLU
+  causal_conv1d_tree          the same conv along each row's path of a tree
   l2_norm / rms_norm / gated_rms_norm
 """
 
-from mtpspec.ops.conv import causal_conv1d, causal_conv1d_step, conv_window_after
+from mtpspec.ops.conv import (
+    causal_conv1d,
+    causal_conv1d_step,
+    causal_conv1d_tree,
+    conv_window_after,
+)
 from mtpspec.ops.gdn.api import (
     GDN_METHODS,
     gated_delta_rule,
@@ -18,7 +25,8 @@ from mtpspec.ops.gdn.api import (
     gdn_method_for,
     resolve_gdn_method,
 )
-from mtpspec.ops.gdn.common import GDNAux, state_after
+from mtpspec.ops.gdn.common import GDNAux, expand_key_heads, state_after
+from mtpspec.ops.gdn.tree import gated_delta_rule_tree
 from mtpspec.ops.norms import gated_rms_norm, l2_norm, rms_norm
 
 __all__ = [
@@ -26,8 +34,11 @@ __all__ = [
     "GDNAux",
     "causal_conv1d",
     "causal_conv1d_step",
+    "causal_conv1d_tree",
     "conv_window_after",
+    "expand_key_heads",
     "gated_delta_rule",
+    "gated_delta_rule_tree",
     "gated_delta_rule_with_aux",
     "gated_rms_norm",
     "gdn_method_for",

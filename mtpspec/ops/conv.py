@@ -117,3 +117,23 @@ def check_counts(n, batch: int, t: int, name: str = "n") -> None:
     bad = values[(values < 0) | (values > t)]
     if bad.size:
         raise ValueError(f"{name} must be in 0..{t} (the window length), got {int(bad[0])}")
+
+
+def causal_conv1d_tree(
+    x: jax.Array,  # [b, R, c] pre-conv inputs of the tree's rows
+    weight: jax.Array,  # [c, w]
+    window: jax.Array,  # [b, w − 1, c] the last w − 1 inputs before the root
+    taps,  # [R, w] int (static): row r's tap i reads [window ‖ x][taps[r, i]]
+    *,
+    activation: str | None = "silu",
+) -> jax.Array:  # [b, R, c] in x's dtype
+    """The causal conv of every tree row over its own root-to-row path (``TreeShape.conv_taps``):
+    row r's output is what ``causal_conv1d`` gives at the last position of its path."""
+    _check(x, weight, window, activation, 3)
+    xp = jnp.concatenate([window.astype(x.dtype), x], axis=1).astype(jnp.float32)
+    taps = np.asarray(taps)
+    wf = weight.astype(jnp.float32)
+    y = sum(wf[:, i] * xp[:, taps[:, i]] for i in range(weight.shape[1]))
+    if activation == "silu":
+        y = jax.nn.silu(y)
+    return y.astype(x.dtype)

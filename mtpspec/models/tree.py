@@ -1,0 +1,236 @@
+"""Tree verify windows on the hybrid model: one forward over every node of a static draft tree.
+
+A tree of branching (b_1, ..., b_d) has a root (the pending token, window row 0) and b_1 ⋯ b_i
+nodes at depth i, each with b_{i+1} children; rows are numbered breadth first (depth by depth,
+children of a node consecutive, in the order of their parents). A node's *path* is the rows from
+the root to it; the window must give each node exactly what a chain over its path would:
+
+  attention  row r sits at position L + depth(r) and sees the committed prefix plus its path (the
+             ancestor mask); its key and value are written at cache slot L + r (the commit moves
+             the accepted path's rows to L .. L + depth)
+  GDN        per-depth recurrence: the nodes of one depth advance from their parents' states in
+             one vectorised step (``ops.gated_delta_rule_tree``); the conv reads each node's own
+             path (``ops.causal_conv1d_tree``)
+  MLP, norms row by row, as in a chain
+
+``window_step_tree_impl`` returns the logits and hidden of every node, the state with the window's
+keys written (lengths unchanged) and per layer the commit data (``GDNCommit`` with per-node
+states and path-cumulative decays), from which ``decoding.tree.commit_path`` builds the state of
+any node's path exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mtpspec import ops
+from mtpspec.config import ModelConfig
+from mtpspec.models import layers
+from mtpspec.models.inference import FUSED
+from mtpspec.models.state import AttentionCache, AttentionCommit, DecodeState, GDNCache, GDNCommit
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeShape:
+    """A static draft tree: ``branching`` (b_1, ..., b_d), every b_i >= 1. Hashable (part of a
+    compiled program's key); the index tables are NumPy, built once."""
+
+    branching: tuple[int, ...]
+
+    def __post_init__(self):
+        b = self.branching
+        if not isinstance(b, tuple) or not b:
+            raise ValueError(f"tree branching must be a non-empty tuple of ints, got {b!r}")
+        for x in b:
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                raise ValueError(f"tree branching factors must be ints >= 1, got {b!r}")
+
+    @property
+    def depth(self) -> int:
+        return len(self.branching)
+
+    @functools.cached_property
+    def level_sizes(self) -> tuple[int, ...]:
+        """Nodes per depth 0..d (depth 0: the root)."""
+        return tuple(math.prod(self.branching[:i]) for i in range(self.depth + 1))
+
+    @property
+    def rows(self) -> int:
+        """Window rows: the root and every draft node."""
+        return sum(self.level_sizes)
+
+    @property
+    def nodes(self) -> int:
+        """Draft nodes (the root excluded)."""
+        return self.rows - 1
+
+    @functools.cached_property
+    def parent(self) -> np.ndarray:
+        """[rows] int: each row's parent row (−1 for the root)."""
+        out, start = [-1], 0
+        for i, b in enumerate(self.branching):
+            n = self.level_sizes[i]
+            out += [start + j // b for j in range(n * b)]
+            start += n
+        return np.asarray(out, np.int32)
+
+    @functools.cached_property
+    def row_depth(self) -> np.ndarray:
+        """[rows] int: depth of each row (root 0)."""
+        return np.repeat(np.arange(self.depth + 1), self.level_sizes).astype(np.int32)
+
+    @functools.cached_property
+    def levels(self) -> tuple[tuple[int, int], ...]:
+        """(first row, end row) of each depth 0..d."""
+        ends = np.cumsum(self.level_sizes)
+        return tuple((int(e - n), int(e)) for n, e in zip(self.level_sizes, ends, strict=True))
+
+    @functools.cached_property
+    def path(self) -> np.ndarray:
+        """[rows, d + 1] int: row r's path, root first (entries past its depth repeat r)."""
+        out = np.zeros((self.rows, self.depth + 1), np.int32)
+        for r in range(self.rows):
+            chain = [r]
+            while self.parent[chain[-1]] >= 0:
+                chain.append(int(self.parent[chain[-1]]))
+            chain = chain[::-1]
+            out[r] = chain + [r] * (self.depth + 1 - len(chain))
+        return out
+
+    @functools.cached_property
+    def ancestor_mask(self) -> np.ndarray:
+        """[rows, rows] bool: row r sees row s (s on r's path, r itself included)."""
+        mask = np.zeros((self.rows, self.rows), bool)
+        for r in range(self.rows):
+            mask[r, self.path[r, : self.row_depth[r] + 1]] = True
+        return mask
+
+    def conv_taps(self, width: int) -> np.ndarray:
+        """[rows, width] int: where each row's conv reads its inputs in [old window (width − 1
+        rows) ‖ window rows]: tap i is the input w − 1 − i steps back along the row's path (the
+        old window once the path runs out), so tap w − 1 is the row itself."""
+        taps = np.zeros((self.rows, width), np.int32)
+        for r in range(self.rows):
+            dep = int(self.row_depth[r])
+            for i in range(width):
+                back = width - 1 - i  # steps back along the path
+                if back <= dep:
+                    taps[r, i] = (width - 1) + self.path[r, dep - back]
+                else:  # before the root: the old window, whose last row is index width − 2
+                    taps[r, i] = (width - 1) - (back - dep)
+        return taps
+
+    def draft_rows(self) -> np.ndarray:
+        """[nodes] int: the window rows of the draft nodes (1..rows − 1)."""
+        return np.arange(1, self.rows, dtype=np.int32)
+
+
+def check_tree(tree) -> TreeShape:
+    """A ``TreeShape`` from a TreeShape or a tuple of branching factors (ValueError otherwise)."""
+    if isinstance(tree, TreeShape):
+        return tree
+    if isinstance(tree, list):
+        tree = tuple(tree)
+    return TreeShape(tree)
+
+
+# ---- layers -------------------------------------------------------------------------------------
+
+
+def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCache, tree):
+    """Attention of every tree row: position L + depth, keys written at slots L + row, each row
+    reading the committed prefix and its own path. Returns (out [b, R, H], new cache)."""
+    b, t, _ = x.shape
+    depth = jnp.asarray(tree.row_depth)
+    positions = lengths[:, None] + depth[None]  # [b, R]
+    q, gate, k, v = layers.attention_inputs(config, p, x, positions)
+    dtype = cache.k.dtype
+    slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, R]
+    rows = jnp.arange(b)[:, None]
+    new_k = cache.k.at[rows, :, slots].set(k.astype(dtype), mode="drop")
+    new_v = cache.v.at[rows, :, :, slots].set(v.astype(dtype), mode="drop")
+    n, g, hq, d = cache.k.shape[2], cache.k.shape[1], q.shape[2], q.shape[3]
+    qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    s = jnp.einsum("btgrd,bgsd->bgrts", qg, new_k.astype(jnp.float32), precision=HIGHEST)
+    slot = jnp.arange(n)[None, None, :]  # [1, 1, n]
+    rel = slot - lengths[:, None, None]  # window row of each slot (negative: the prefix)
+    in_window = (rel >= 0) & (rel < t)
+    mask = jnp.asarray(tree.ancestor_mask)  # [R (query), R (key)]
+    tree_ok = jnp.take_along_axis(
+        jnp.broadcast_to(mask[None], (b, t, t)),
+        jnp.broadcast_to(jnp.clip(rel, 0, t - 1), (b, t, n)),
+        axis=2,
+    )
+    visible = (rel < 0) | (in_window & tree_ok)  # [b, R, n]
+    s = jnp.where(visible[:, None, None], s, -jnp.inf)
+    probs = jax.nn.softmax(s, axis=-1)
+    o = jnp.einsum("bgrts,bgds->btgrd", probs, new_v.astype(jnp.float32), precision=HIGHEST)
+    o = o.reshape(b, t, hq, d)
+    return layers.attention_output(p, o, gate, x.dtype), AttentionCache(new_k, new_v)
+
+
+def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree):
+    """GDN of every tree row from its parent's state and its path's conv inputs. ``active`` [b]
+    bool: inactive sequences leave no trace (g = 0, beta = 0). Returns (out [b, R, H], the
+    cache unchanged, ``GDNCommit`` with per-node states and path-cumulative decays)."""
+    b, t, _ = x.shape
+    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
+    mixed, z, b_in, a = layers.projections(x, p, FUSED["gdn"])
+    mixed = mixed.astype(x.dtype)
+    z = z.reshape(b, t, hv, dv)
+    beta = jax.nn.sigmoid(b_in)
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
+        a + p["dt_bias"].astype(jnp.float32)
+    )
+    g = jnp.where(active[:, None, None], g, 0.0)
+    beta = jnp.where(active[:, None, None], beta, 0.0)
+    taps = tree.conv_taps(p["conv"].shape[1])
+    conv_out = ops.causal_conv1d_tree(mixed, p["conv"], cache.conv, taps)
+    q, k, v = jnp.split(conv_out.astype(jnp.float32), [hk * dk, 2 * hk * dk], axis=-1)
+    q = ops.l2_norm(q.reshape(b, t, hk, dk))
+    k = ops.l2_norm(k.reshape(b, t, hk, dk))
+    v = v.reshape(b, t, hv, dv)
+    o, aux = ops.gated_delta_rule_tree(q, k, v, g, beta, cache.state, tree.parent, tree.levels)
+    o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
+    out = layers.linear(o.reshape(b, t, hv * dv).astype(x.dtype), p["w_out"])
+    k_heads = ops.expand_key_heads(k, hv)
+    return out, cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
+
+
+def window_step_tree_impl(config: ModelConfig, params, state: DecodeState, tokens, tree, active):
+    """Every tree row in one forward: tokens [b, R] (row 0 the pending token), ``active`` [b]
+    bool. Returns ``decoder.StepOutput`` (logits [b, R, V], hidden, the state with the window's
+    keys written at slots L + row and everything else — lengths, GDN caches — as before, the
+    commit data per layer)."""
+    from mtpspec.models.decoder import StepOutput, lm_logits
+
+    x = params["embed"][tokens]
+    caches, commits = [], []
+    for i, p in enumerate(params["layers"]):
+        cache = state.layers[i]
+        h = layers.norm(config, x, p["input_norm"])
+        if "attn" in p:
+            mixed, cache = tree_attention(config, p["attn"], h, state.lengths, cache, tree)
+            commit = AttentionCommit()
+        else:
+            mixed, cache, commit = tree_gdn(config, p["gdn"], h, active, cache, tree)
+        x = x + mixed.astype(x.dtype)
+        post = layers.norm(config, x, p["post_norm"])
+        x = x + layers.mlp(config, config.mlp_types[i], p["mlp"], post).astype(x.dtype)
+        caches.append(cache)
+        commits.append(commit)
+    hidden = layers.norm(config, x, params["final_norm"])
+    new_state = state._replace(layers=tuple(caches))
+    return StepOutput(lm_logits(config, params, hidden), hidden, new_state, tuple(commits))
+
+
+window_step_tree = jax.jit(window_step_tree_impl, static_argnames=("config", "tree"))

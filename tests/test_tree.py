@@ -1,0 +1,179 @@
+"""Tree verify windows (``models.tree``, ``decoding.tree``): every GDN and conv node against the
+recurrence along its path, every tree row's logits against a chain over its path, commit(node)
+against a fresh replay of its path for every node and strategy (with negative controls), and
+greedy acceptance of the deepest matching path."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mtpspec import config as C
+from mtpspec import models, ops
+from mtpspec.decoding import tree as dtree
+from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.models import GDNCache
+from mtpspec.models import tree as mtree
+from mtpspec.models.tree import TreeShape
+from tests.gdn_testing import random_gdn_inputs, rel_err
+
+SHAPES = [(1,), (2,), (3, 1), (2, 2), (1, 3, 2), (2, 1, 2)]
+
+
+def test_tree_shape_tables():
+    t = TreeShape((2, 3))
+    assert (t.rows, t.nodes, t.depth, t.level_sizes) == (9, 8, 2, (1, 2, 6))
+    assert t.parent.tolist() == [-1, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert t.row_depth.tolist() == [0, 1, 1, 2, 2, 2, 2, 2, 2]
+    assert t.path[7].tolist() == [0, 2, 7] and t.path[2].tolist() == [0, 2, 2]
+    assert t.ancestor_mask[7].tolist() == [1, 0, 1, 0, 0, 0, 0, 1, 0]
+    # conv taps of width 4: old window rows 0..2, window row r at 3 + r
+    assert t.conv_taps(4)[7].tolist() == [2, 3, 5, 10]
+    assert t.conv_taps(4)[0].tolist() == [0, 1, 2, 3]
+    assert TreeShape((1, 1, 1)).path[-1].tolist() == [0, 1, 2, 3]  # a chain
+    assert mtree.check_tree([2, 2]) == TreeShape((2, 2))
+    assert hash(TreeShape((2, 2))) == hash(TreeShape((2, 2)))
+
+
+@pytest.mark.parametrize("bad", [(), (0,), (2, -1), (1.5,), (True,), [2, 2], None])
+def test_bad_tree_shapes_are_refused(bad):
+    with pytest.raises(ValueError, match="tree branching"):
+        TreeShape(bad)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_gdn_node_equals_the_recurrence_along_its_path(shape):
+    tree = TreeShape(shape)
+    q, k, v, g, beta, s0 = random_gdn_inputs(1, 2, tree.rows, 2, 4, 8, 6)
+    o, aux = ops.gated_delta_rule_tree(q, k, v, g, beta, s0, tree.parent, tree.levels)
+    for r in range(tree.rows):
+        p = tree.path[r, : tree.row_depth[r] + 1]
+        o_c, final, aux_c = ops.gated_delta_rule_with_aux(
+            *(x[:, p] for x in (q, k, v, g, beta)), initial_state=s0, method="recurrent"
+        )
+        assert rel_err(o[:, r], o_c[:, -1]) < 1e-5, r
+        assert rel_err(aux.states[:, r], final) < 1e-5, r
+        assert rel_err(aux.u[:, r], aux_c.u[:, -1]) < 1e-5, r
+        np.testing.assert_allclose(aux.g_cum[:, r], aux_c.g_cum[:, -1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_conv_node_equals_the_conv_along_its_path(shape):
+    tree = TreeShape(shape)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((2, tree.rows, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 4)), jnp.float32)
+    window = jnp.asarray(rng.standard_normal((2, 3, 5)), jnp.float32)
+    y = ops.causal_conv1d_tree(x, w, window, tree.conv_taps(4))
+    for r in range(tree.rows):
+        p = tree.path[r, : tree.row_depth[r] + 1]
+        y_c, _ = ops.causal_conv1d(x[:, p], w, initial_window=window)
+        np.testing.assert_allclose(y[:, r], y_c[:, -1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = C.tiny_hybrid(
+        vocab_size=64,
+        layer_types=(C.LINEAR, C.FULL, C.LINEAR, C.FULL),
+        mlp_types=("dense",) * 4,
+    )
+    params = models.init_params(config, jax.random.key(4), norm_scale=0.1)
+    prompts = jnp.asarray([[5, 9, 1, 7, 3, 3, 8, 2], [4, 4, 6, 0, 0, 0, 0, 0]], jnp.int32)
+    pre = models.prefill(config, params, prompts, jnp.array([8, 3]), capacity=40)
+    return config, params, pre.state
+
+
+def _chain(config, params, state, tokens):
+    return models.window_step(config, params, state, tokens)
+
+
+def _path_tokens(tree, tokens, r):
+    return tokens[:, tree.path[r, : tree.row_depth[r] + 1]]
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2)])
+def test_every_tree_row_gives_a_chain_over_its_path(model, shape):
+    config, params, state = model
+    tree = TreeShape(shape)
+    tokens = jax.random.randint(jax.random.key(1), (2, tree.rows), 0, config.vocab_size)
+    active = jnp.array([True, True])
+    out = mtree.window_step_tree(config, params, state, tokens, tree, active)
+    assert out.logits.shape == (2, tree.rows, config.vocab_size)
+    for r in range(tree.rows):
+        chain = _chain(config, params, state, _path_tokens(tree, tokens, r))
+        assert rel_err(out.logits[:, r], chain.logits[:, -1]) < 1e-4, r
+        assert rel_err(out.hidden[:, r], chain.hidden[:, -1]) < 1e-4, r
+
+
+def _assert_states_equal(got, want, n_keep, tol=1e-5):
+    """GDN state and conv window, and attention KV of the live prefix, lengths."""
+    np.testing.assert_array_equal(got.lengths, want.lengths)
+    for a, b in zip(got.layers, want.layers, strict=True):
+        if isinstance(a, GDNCache):
+            assert rel_err(a.state, b.state) < tol
+            np.testing.assert_allclose(a.conv, b.conv, rtol=1e-4, atol=1e-5)
+            continue
+        for i, n in enumerate(np.asarray(want.lengths)):
+            np.testing.assert_allclose(a.k[i, :, :n], b.k[i, :, :n], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(a.v[i, :, :, :n], b.v[i, :, :, :n], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (1, 3, 2)])
+def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
+    config, params, state = model
+    tree = TreeShape(shape)
+    tokens = jax.random.randint(jax.random.key(2), (2, tree.rows), 0, config.vocab_size)
+    active = jnp.array([True, True])
+    out = mtree.window_step_tree(config, params, state, tokens, tree, active)
+    commit = jax.jit(dtree.commit_path, static_argnames=("tree", "strategy"))
+    for r in range(tree.rows):
+        node = jnp.array([r, r], jnp.int32)
+        n = jnp.full((2,), tree.row_depth[r] + 1, jnp.int32)
+        want = _chain(config, params, state, _path_tokens(tree, tokens, r)).state
+        for strategy in COMMIT_STRATEGIES:
+            got = commit(state, out.state, out.commit, node, n, tree=tree, strategy=strategy)
+            _assert_states_equal(got, want, n)
+        # negative controls: keeping the GDN caches as the window left them (a KV-only rewind),
+        # or committing a sibling's path of the same depth, both give another state
+        kv_only = out.state._replace(lengths=state.lengths + n)
+        gdn = [i for i, c in enumerate(want.layers) if isinstance(c, GDNCache)]
+        assert all(rel_err(kv_only.layers[i].state, want.layers[i].state) > 1e-3 for i in gdn)
+        siblings = [s for s in range(tree.rows) if tree.parent[s] == tree.parent[r] and s != r]
+        if r and siblings:
+            other = jnp.full((2,), siblings[0], jnp.int32)
+            wrong = commit(state, out.state, out.commit, other, n, tree=tree, strategy="replay")
+            assert all(rel_err(wrong.layers[i].state, want.layers[i].state) > 1e-3 for i in gdn)
+
+
+def test_an_inactive_sequence_keeps_its_state(model):
+    config, params, state = model
+    tree = TreeShape((2, 2))
+    tokens = jax.random.randint(jax.random.key(3), (2, tree.rows), 0, config.vocab_size)
+    out = mtree.window_step_tree(config, params, state, tokens, tree, jnp.array([True, False]))
+    node, n = jnp.array([4, 0], jnp.int32), jnp.array([3, 0], jnp.int32)
+    for strategy in COMMIT_STRATEGIES:
+        got = dtree.commit_path(state, out.state, out.commit, node, n, tree, strategy)
+        np.testing.assert_array_equal(got.lengths, state.lengths + n)
+        for a, b in zip(got.layers, state.layers, strict=True):
+            if isinstance(a, GDNCache):
+                np.testing.assert_array_equal(a.state[1], b.state[1])
+                np.testing.assert_array_equal(a.conv[1], b.conv[1])
+
+
+def test_greedy_acceptance_takes_the_deepest_matching_path():
+    tree = TreeShape((2, 2))  # rows: 0 | 1 2 | 3 4 (of 1) 5 6 (of 2)
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.standard_normal((3, tree.rows, 10)), jnp.float32)
+    target = np.asarray(jnp.argmax(logits, -1))
+    tokens = (target[:, tree.parent] + 1) % 10  # every draft wrong
+    tokens[:, 0] = 0
+    tokens[0, 2] = target[0, 0]  # sequence 0: row 2 right, then row 6 right
+    tokens[0, 6] = target[0, 2]
+    tokens[0, 3] = target[0, 1]  # row 3's parent (row 1) is wrong: not accepted
+    tokens[1, 1] = tokens[1, 2] = target[1, 0]  # duplicate siblings: the lower row wins
+    node, n, token = dtree.accept_greedy(tree, logits, jnp.asarray(tokens))
+    assert node.tolist() == [6, 1, 0] and n.tolist() == [3, 2, 1]
+    assert token.tolist() == [target[0, 6], target[1, 1], target[2, 0]]
