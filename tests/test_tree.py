@@ -10,11 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import mtpspec
 from mtpspec import config as C
-from mtpspec import models, ops
+from mtpspec import decoding, models, ops
 from mtpspec.decoding import tree as dtree
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
-from mtpspec.models import GDNCache
+from mtpspec.models import GDNCache, decoder, mtp_tree
 from mtpspec.models import tree as mtree
 from mtpspec.models.tree import TreeShape
 from tests.gdn_testing import random_gdn_inputs, rel_err
@@ -177,3 +178,99 @@ def test_greedy_acceptance_takes_the_deepest_matching_path():
     node, n, token = dtree.accept_greedy(tree, logits, jnp.asarray(tokens))
     assert node.tolist() == [6, 1, 0] and n.tolist() == [3, 2, 1]
     assert token.tolist() == [target[0, 6], target[1, 1], target[2, 0]]
+
+
+@pytest.fixture(scope="module")
+def mtp_model():
+    config = C.tiny_hybrid(vocab_size=48)
+    params = models.init_params(config, jax.random.key(6), norm_scale=0.1)
+    prompts = jnp.asarray([[5, 9, 1, 7, 3, 3, 8, 2], [4, 4, 6, 0, 0, 0, 0, 0]], jnp.int32)
+    lengths = jnp.array([8, 3], jnp.int32)
+    pre = models.prefill(config, params, prompts, lengths, capacity=40)
+    first = jnp.argmax(pre.logits[jnp.arange(2), lengths - 1], -1).astype(jnp.int32)
+    nxt = jnp.concatenate([prompts[:, 1:], prompts[:, :1]], axis=1)
+    nxt = jnp.where(jnp.arange(8)[None] == (lengths - 1)[:, None], first[:, None], nxt)
+    y, state = decoder.mtp_window_hidden_impl(config, params, pre.state, pre.hidden, nxt, lengths)
+    h = jnp.take_along_axis(y, (lengths - 1)[:, None, None], axis=1)
+    return config, params, state, h
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2), (1, 1, 1)])
+def test_mtp_tree_drafts_chain_the_head_along_every_branch(mtp_model, shape):
+    """Each node's children are the top-b of the MTP head chained along that node's own path
+    (the cached one-token MTP steps the chain proposer takes), for every node."""
+    config, params, state, h = mtp_model
+    tree = TreeShape(shape)
+    drafts = jax.jit(
+        lambda p, st, h: mtp_tree.mtp_tree_drafts(config, p, st, h, tree, mtp_tree.top_b)
+    )(params, state, h)
+    assert drafts.shape == (2, tree.nodes)
+    tokens = np.concatenate([np.zeros((2, 1), np.int32), np.asarray(drafts)], axis=1)
+    one = jnp.ones((2,), jnp.int32)
+    for r in range(tree.rows):
+        dep = int(tree.row_depth[r])
+        if dep == tree.depth:
+            continue
+        hid, tmp = h, state
+        for j in range(1, dep + 1):  # chain along r's path
+            tok = jnp.asarray(tokens[:, tree.path[r, j]])[:, None]
+            _, hid, tmp = decoder.mtp_window_step_impl(config, params, tmp, hid, tok, one)
+        want = mtp_tree.top_b(decoder.lm_logits(config, params, hid)[:, 0], tree.branching[dep])
+        children = [c for c in range(tree.rows) if tree.parent[c] == r]
+        np.testing.assert_array_equal(tokens[:, children], np.asarray(want), err_msg=str(r))
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model():
+    config = C.tiny_hybrid(vocab_size=8, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    return config, models.init_params(config, jax.random.key(8), norm_scale=0.1)
+
+
+LOOP_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3], [7]]
+
+
+@pytest.mark.parametrize(
+    "shape, commits", [((2, 2), COMMIT_STRATEGIES), ((3, 1, 1), ("replay",)), ((2,), ("scan",))]
+)
+def test_tree_speculative_greedy_equals_plain_greedy(small_vocab_model, shape, commits):
+    """Token for token, on a ragged batch, with every commit strategy; some steps accept."""
+    config, params = small_vocab_model
+    plain = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24)
+    for commit in commits:
+        spec = decoding.SpecConfig("mtp", len(shape), commit, tree=shape)
+        got = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24, speculative=spec)
+        assert got.tokens == plain.tokens, commit
+        assert got.stats["tau"] > 1.0  # drafts were accepted
+
+
+def test_a_one_wide_tree_is_the_chain(small_vocab_model):
+    """tree = (1, 1, 1) drafts and accepts exactly what the chain with k = 3 does, step by step."""
+    config, params = small_vocab_model
+    kw = dict(max_new_tokens=24)
+    chain = mtpspec.generate(
+        config, params, LOOP_PROMPTS, speculative=decoding.SpecConfig("mtp", 3), **kw
+    )
+    tree = mtpspec.generate(
+        config,
+        params,
+        LOOP_PROMPTS,
+        speculative=decoding.SpecConfig("mtp", 3, tree=(1, 1, 1)),
+        **kw,
+    )
+    assert tree.tokens == chain.tokens
+    np.testing.assert_array_equal(tree.stats["accepted"], chain.stats["accepted"])
+
+
+def test_tree_settings_are_checked_before_device_work(small_vocab_model):
+    config, params = small_vocab_model
+    gen = lambda spec, **kw: mtpspec.generate(  # noqa: E731
+        config, params, [[1, 2]], max_new_tokens=4, speculative=spec, **kw
+    )
+    with pytest.raises(ValueError, match="depth 2; it must equal num_draft=3"):
+        gen(decoding.SpecConfig("mtp", 3, tree=(2, 2)))
+    with pytest.raises(ValueError, match="tree speculation runs with proposer 'mtp'"):
+        gen(decoding.SpecConfig("ngram", 2, tree=(2, 2)))
+    with pytest.raises(ValueError, match="tree branching"):
+        gen(decoding.SpecConfig("mtp", 2, tree=(2, 0)))
+    with pytest.raises(ValueError, match="greedy only"):
+        gen(decoding.SpecConfig("mtp", 2, tree=(2, 2)), temperature=0.7)

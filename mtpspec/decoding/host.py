@@ -34,6 +34,7 @@ from mtpspec.models import inference
 from mtpspec.models.inference import resolve_attention, resolve_linear
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import init_decode_state
+from mtpspec.models.tree import check_tree
 from mtpspec.sharding import DATA
 
 BUCKET = 16  # prompt lengths and max_new_tokens are padded to multiples of this
@@ -45,7 +46,7 @@ def round_up(x: int, m: int) -> int:
 
 def default_capacity(longest_prompt: int, max_new_tokens: int, num_draft: int) -> int:
     """KV slots per sequence that ``generate`` allocates when not told: the prompt bucket, the
-    output bucket and one verify window (k + 1) of room."""
+    output bucket and one verify window (k + 1 rows; for a tree pass its rows − 1) of room."""
     return (
         round_up(longest_prompt, BUCKET) + round_up(max(max_new_tokens, 1), BUCKET) + num_draft + 1
     )
@@ -198,6 +199,13 @@ def prepare(
     seeds = check_seeds(sampling.pop("seed"), len(prompts))
     knobs, greedy = knobs_for(len(prompts), **sampling)
     k = speculative.num_draft if speculative else 0
+    tree = check_tree(speculative.tree) if speculative and speculative.tree is not None else None
+    if tree is not None and not greedy:
+        raise ValueError(
+            "tree speculation is greedy only so far (temperature 0 for every prompt); lossless "
+            "multi-candidate sampling over a tree is not implemented yet"
+        )
+    rows = tree.rows if tree is not None else k + 1  # KV slots one verify window writes
     longest = max(len(p) for p in prompts)
     p_pad = round_up(longest, BUCKET)
     if mesh is not None:
@@ -216,7 +224,7 @@ def prepare(
         verify_method=verify_method,
         prefill_method=window_gdn_method(config, "auto", p_pad, sharded=sharded),
         sampling=Sampling(greedy=greedy),
-        capacity=default_capacity(longest, max_new_tokens, k)
+        capacity=default_capacity(longest, max_new_tokens, rows - 1)
         if capacity is None
         else _check_capacity_arg(capacity, longest),
         out_size=round_up(max(max_new_tokens, 1), BUCKET),
@@ -224,6 +232,7 @@ def prepare(
         linear=linear,
         logprobs=logprobs,
         attention=attention,
+        tree=tree,
     )
     b = len(prompts)
     check_memory(config, b, key.capacity, key.out_size, mesh)

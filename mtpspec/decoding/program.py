@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from mtpspec import sharding
 from mtpspec.config import ModelConfig
-from mtpspec.decoding import stages
+from mtpspec.decoding import stages, tree
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
 from mtpspec.decoding.sampling import Draws, Sampling
 from mtpspec.decoding.stages import RUNNING, STOP_EOS, STOP_LENGTH
@@ -59,6 +59,7 @@ class ProgramKey(NamedTuple):
     linear: str = "xla"  # resolved linear implementation of the inference tree (models/inference)
     attention: str = "xla"  # resolved attention implementation of decode steps / verify windows
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
+    tree: Any = None  # a ``models.tree.TreeShape`` (tree speculation; depth k) or None (a chain)
 
 
 class Carry(NamedTuple):
@@ -147,17 +148,22 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
             s, params, pparams, c.pstate, c.state, c.pending, active, step_draws.fold(PROPOSE)
         )
         drafts, q = proposal.drafts, proposal.q
-    verified = stages.verify(s, params, c.state, c.pending, drafts, active)
-    accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
-    n = jnp.where(active, accepted + 1, 0)
-    state = stages.commit(s, c.state, verified, n)
+    if s.tree is None:
+        verified = stages.verify(s, params, c.state, c.pending, drafts, active)
+        accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
+        n = jnp.where(active, accepted + 1, 0)
+        state = stages.commit(s, c.state, verified, n)
+        logits, hidden = verified.logits, verified.hidden
+    else:  # the tree's window, reduced to the accepted path (a chain's shapes from here on)
+        done = tree.verify_accept_commit(s, params, c.state, c.pending, drafts, active)
+        drafts, accepted, token, n, state, logits, hidden = done
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
     logp = c.logp
     if s.logprobs:
-        logp = stages.write_rows(s, logp, _token_logp(verified.logits, em.tokens), em.index)
+        logp = stages.write_rows(s, logp, _token_logp(logits, em.tokens), em.index)
     pstate = c.pstate
     if s.proposer is not None:
-        done = Committed(state, verified.hidden, em.tokens, n)
+        done = Committed(state, hidden, em.tokens, n)
         pstate, state = s.proposer.update(
             s, params, pparams, c.pstate, proposal.scratch, done, step_draws.fold(UPDATE)
         )

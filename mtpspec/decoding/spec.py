@@ -15,11 +15,13 @@ from typing import Any
 
 from mtpspec.config import ModelConfig
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.models.tree import check_tree
 from mtpspec.ops import GDN_METHODS
 
 DEFAULT_COMMIT = "replay"
 DEFAULT_NUM_DRAFT = 2
 VERIFY_METHODS = GDN_METHODS
+TREE_PROPOSERS = "mtp"  # the proposers that draft trees (decoding/proposers: propose_tree)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -33,6 +35,9 @@ class SpecConfig:
     num_draft: k drafts per verify step. commit: "scan" | "states" | "replay" (equal results;
     default ``DEFAULT_COMMIT``). verify_method: GDN form inside the verify window ("auto" asks
     ``ops.resolve_gdn_method``).
+    tree: None (a chain of num_draft drafts) or (b_1, ..., b_d) with d = num_draft: a static
+    draft tree with b_i children per node at depth i, verified in one window of all its nodes
+    (``models.tree``); greedy decoding with proposer "mtp" so far.
     """
 
     proposer: str = "mtp"
@@ -43,6 +48,7 @@ class SpecConfig:
     ngram_max: int = 3
     draft_config: ModelConfig | None = None
     draft_params: Any = None
+    tree: tuple[int, ...] | None = None
 
     def validate(self, config: ModelConfig, params) -> None:
         """Raise ValueError / TypeError naming the first problem with these settings for the
@@ -61,3 +67,14 @@ class SpecConfig:
                 f"unknown verify_method {self.verify_method!r}; expected one of {VERIFY_METHODS}"
             )
         proposers.lookup(self.proposer).check(self, config, params)
+        if self.tree is not None:
+            shape = check_tree(self.tree)
+            if shape.depth != k:
+                raise ValueError(
+                    f"tree {shape.branching} has depth {shape.depth}; it must equal num_draft={k}"
+                )
+            if self.proposer != TREE_PROPOSERS:
+                raise ValueError(
+                    f"tree speculation runs with proposer {TREE_PROPOSERS!r} so far, "
+                    f"not {self.proposer!r}"
+                )

@@ -93,7 +93,12 @@ def emit(s, out, count, stop, drafts, accepted, token, n, max_new, eos) -> Emitt
     return Emitted(out, count + m, stop, tokens, idx)
 
 
+def window_rows(s) -> int:
+    """KV slots one verify window writes: k + 1 for a chain, every node of a tree."""
+    return s.k + 1 if s.tree is None else s.tree.rows
+
+
 def check_capacity(s, lengths, stop):
     """Stop sequences whose next verify window would not fit (never wrap around)."""
-    full = lengths + s.k + 1 > s.capacity
+    full = lengths + window_rows(s) > s.capacity
     return jnp.where((stop == RUNNING) & full, STOP_CAPACITY, stop)

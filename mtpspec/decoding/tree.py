@@ -104,4 +104,31 @@ def tree_tokens(tree: TreeShape, pending, drafts):
     return jnp.concatenate([pending[:, None], drafts], axis=1)
 
 
-__all__ = ["accept_greedy", "commit_path", "path_commit", "path_rows", "tree_tokens"]
+__all__ = [
+    "accept_greedy",
+    "commit_path",
+    "path_commit",
+    "path_rows",
+    "tree_tokens",
+    "verify_accept_commit",
+]
+
+
+def verify_accept_commit(s, params, state: DecodeState, pending, drafts, active):
+    """One tree window of the decoding loop (greedy): verify every node, accept the deepest
+    matching path, commit it. Returns the chain-shaped results the loop goes on with: (the
+    path's drafts [b, d], accepted a [b], new token [b], n [b] (0 when inactive), the committed
+    state, logits and hidden of the path's rows [b, d + 1, ...])."""
+    from mtpspec.models.tree import window_step_tree_impl
+
+    shape = s.tree
+    tokens = tree_tokens(shape, pending, drafts)
+    verified = window_step_tree_impl(s.config, params, state, tokens, shape, active)
+    node, n, token = accept_greedy(shape, verified.logits, tokens)
+    n = jnp.where(active, n, 0)
+    committed = commit_path(state, verified.state, verified.commit, node, n, shape, s.commit)
+    rows = path_rows(shape, node)
+    path_drafts = jnp.take_along_axis(tokens, rows, axis=1)[:, 1:]
+    logits, hidden = _along(verified.logits, rows), _along(verified.hidden, rows)
+    accepted = jnp.maximum(n - 1, 0)
+    return path_drafts, accepted, token, n, committed, logits, hidden

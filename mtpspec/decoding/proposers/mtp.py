@@ -8,7 +8,9 @@ one row behind the target once caught up).
                  the MTP cache; keep the MTP hidden of the last one (row n − 1 pairs the last
                  accepted hidden with the newly emitted token: it predicts draft 1)
   propose        draft 1 from that hidden through the shared LM head; drafts 2..k chain the MTP
-                 module on its own output hidden (vLLM's rule) on a throw-away copy of the cache
+                 module on its own output hidden (vLLM's rule) on a throw-away copy of the cache;
+                 with a tree (``SpecConfig.tree``), the top-b_i children of every node, chained
+                 along each branch (``models.mtp_tree``)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
+from mtpspec.models.mtp_tree import mtp_tree_drafts, top_b
 
 
 class MTPState(NamedTuple):
@@ -50,6 +53,9 @@ class MTPProposer(Proposer):
         return self._fold(s, params, pre.state, pre.hidden, nxt, pre.lengths)
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+        if s.tree is not None:  # greedy top-b per node, chained along every branch
+            drafts = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, top_b)
+            return Proposal(drafts, jnp.zeros(drafts.shape + (0,), jnp.float32))
         h, tmp = pstate.hidden, state
         one = jnp.ones_like(state.lengths)
 

@@ -1,0 +1,89 @@
+"""The MTP head drafting a tree: at every node the top-b children, chained along each branch.
+
+Depth 1's b_1 drafts are the top tokens of the LM head on the MTP hidden ``h`` that predicts the
+token after the pending one. A node v at depth i < d then gets one MTP row, as the chained
+proposer would make it on v's branch: it pairs the MTP hidden that predicted v (its parent's row;
+``h`` for depth 1) with v's token, sits at MTP position ``mtp_lengths + i − 1`` and attends to
+the MTP cache's committed prefix plus the rows of its own ancestors (never a sibling's); its
+output hidden gives v's b_{i+1} children. One MTP pass per depth covers all of that depth's nodes.
+Nothing is written to the MTP cache (the chain's rows are throw-away there too).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from mtpspec.config import ModelConfig
+from mtpspec.models import layers
+from mtpspec.models.tree import TreeShape
+
+HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _prefix_and_own_attention(q, cache, length, own_k, own_v):
+    """q [b, n, hq, d] over the cache's slots < ``length`` [b] and each row's own keys
+    own_k / own_v [b, n, m, g, d] (its ancestors' rows and itself), one softmax."""
+    b, n, hq, d = q.shape
+    g = cache.k.shape[1]
+    f32 = jnp.float32
+    qg = q.astype(f32).reshape(b, n, g, hq // g, d) * (d**-0.5)
+    s_old = jnp.einsum("btgrd,bgsd->bgrts", qg, cache.k.astype(f32), precision=HIGHEST)
+    live = jnp.arange(cache.k.shape[2])[None, :] < length[:, None]  # [b, slots]
+    s_old = jnp.where(live[:, None, None, None, :], s_old, -jnp.inf)
+    s_own = jnp.einsum("btgrd,btmgd->bgrtm", qg, own_k.astype(f32), precision=HIGHEST)
+    probs = jax.nn.softmax(jnp.concatenate([s_old, s_own], axis=-1), axis=-1)
+    slots = cache.k.shape[2]
+    o = jnp.einsum("bgrts,bgds->btgrd", probs[..., :slots], cache.v.astype(f32), precision=HIGHEST)
+    o = o + jnp.einsum(
+        "bgrtm,btmgd->btgrd", probs[..., slots:], own_v.astype(f32), precision=HIGHEST
+    )
+    return o.reshape(b, n, hq, d)
+
+
+def _mtp_rows(config, params, state, hidden, tokens, position, own):
+    """MTP rows for one depth: hidden [b, n, H] (what predicted each node), tokens [b, n] (the
+    nodes), all at MTP position ``position`` [b]; ``own`` the ancestors' (k, v) [b, n, m, g, d]
+    or None. Returns (MTP output hidden [b, n, H], this depth's (k, v) [b, n, g, d])."""
+    p = params["mtp"]
+    layer = p["layer"]
+    e = layers.norm(config, params["embed"][tokens], p["norm_embed"])
+    h = layers.norm(config, hidden.astype(e.dtype), p["norm_hidden"])
+    x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
+    b, n = tokens.shape
+    pos = jnp.broadcast_to(position[:, None], (b, n))
+    q, gate, k, v = layers.attention_inputs(
+        config, layer["attn"], layers.norm(config, x, layer["input_norm"]), pos
+    )
+    own_k = k[:, :, None] if own is None else jnp.concatenate([own[0], k[:, :, None]], axis=2)
+    own_v = v[:, :, None] if own is None else jnp.concatenate([own[1], v[:, :, None]], axis=2)
+    o = _prefix_and_own_attention(q, state.mtp, state.mtp_lengths, own_k, own_v)
+    x = x + layers.attention_output(layer["attn"], o, gate, x.dtype).astype(x.dtype)
+    post = layers.norm(config, x, layer["post_norm"])
+    x = x + layers.mlp(config, config.mtp_mlp_type, layer["mlp"], post).astype(x.dtype)
+    return layers.norm(config, x, p["norm"]), (own_k, own_v)
+
+
+def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, select):
+    """Greedy tree drafts: ``h`` [b, 1, H] the MTP hidden predicting the token after the pending
+    one; ``select(logits [b, n, V], b_i) -> ids [b, n, b_i]`` picks each node's children (top
+    b_i). Returns the drafts of rows 1..R−1 [b, R − 1] in ``tree``'s breadth-first order."""
+    from mtpspec.models.decoder import lm_logits
+
+    levels = [select(lm_logits(config, params, h), tree.branching[0]).reshape(h.shape[0], -1)]
+    hid, own = h, None
+    for i in range(1, tree.depth):
+        nodes = levels[-1]  # [b, n_i]
+        parent_hidden = jnp.repeat(hid, tree.branching[i - 1], axis=1)  # each node's predictor
+        if own is not None:  # ancestors' keys, repeated for each child
+            own = tuple(jnp.repeat(x, tree.branching[i - 1], axis=1) for x in own)
+        position = state.mtp_lengths + (i - 1)
+        hid, own = _mtp_rows(config, params, state, parent_hidden, nodes, position, own)
+        children = select(lm_logits(config, params, hid), tree.branching[i])  # [b, n_i, b_{i+1}]
+        levels.append(children.reshape(children.shape[0], -1))
+    return jnp.concatenate(levels, axis=1)
+
+
+def top_b(logits, b: int):
+    """The b most likely ids [..., b] (ties: the lower id first, as argmax)."""
+    return jax.lax.top_k(logits, b)[1].astype(jnp.int32)
