@@ -58,6 +58,11 @@ flags.DEFINE_integer("max_window", 8, "Report verify window ÷ step for t = 2..m
 cli.define_linear()
 flags.DEFINE_string("plot_dir", None, "Write PNG plots here (speedup and τ vs k, theory curve).")
 flags.DEFINE_enum("peer_hf", "auto", ["auto", "on", "off"], "HF transformers peer comparison.")
+flags.DEFINE_list(
+    "trees",
+    ["2x1x1", "2x2x1", "3x2x1", "2x2x2", "2x2x1x1"],
+    "Draft trees (b1xb2x...) swept beside the chains with proposer mtp ('': none).",
+)
 flags.DEFINE_string(
     "peer_checkpoint",
     str(cli.ROOT / "tests" / "fixtures" / "hf" / "qwen3_next"),
@@ -195,6 +200,7 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     points = [analysis.Point("none", 0, None, linear)] + [
         analysis.Point(p, k, c, linear) for p in proposers for k in ks for c in commits
     ]
+    points += [analysis.Point("mtp", len(t), commits[0], linear, t) for t in trees(proposers)]
     if resolve_linear(linear) != "xla":
         points.insert(1, analysis.PLAIN_XLA)
     t0 = time.perf_counter()
@@ -204,6 +210,16 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     )  # fmt: skip
     logging.info("sweep of %d configurations: %.1f s", len(points), time.perf_counter() - t0)
     return pieces, timed
+
+
+def trees(proposers) -> list[tuple[int, ...]]:
+    """--trees as branching tuples (MTP only: the proposer that drafts trees)."""
+    if "mtp" not in proposers:
+        return []
+    try:
+        return [tuple(int(b) for b in t.split("x")) for t in FLAGS.trees if t]
+    except ValueError as e:
+        raise app.UsageError(f"--trees takes shapes like 2x2x1: {FLAGS.trees}") from e
 
 
 def _impls() -> list[str]:
@@ -400,13 +416,20 @@ def main(argv):
         "round-robin repeats"
     )
     pieces, timed = measure(config, params, draft, prompts, proposers, ks, commits, run)
-    rows = analysis.summarize(timed, pieces)
-    alpha = analysis.alpha_per_proposer(rows)
+    shapes = trees(proposers)
+    costs = analysis.tree_costs(config, params, prompts[0], shapes) if shapes else None
+    rows = analysis.summarize(timed, pieces, costs and costs["tree"])
+    chains = [r for r in rows if r["tree"] is None]
+    alpha = analysis.alpha_per_proposer(chains)
     best = analysis.best(rows)
     t_step, mm = print_pieces(pieces, ks, commits, proposers, run["piece_iters"], config)
-    plain_tps, plain_decode = print_rows(rows, timed, run["repeats"])
+    plain_tps, plain_decode = print_rows(chains, timed, run["repeats"])
     print("alpha (i.i.d. fit to per-position acceptance): "
           + ", ".join(f"{p} {a:.3f}" for p, a in alpha.items()))  # fmt: skip
+    if shapes:
+        mtp = [r for r in rows if r["proposer"] == "mtp"]
+        print("\nchains and trees (mtp; w/step: the verify window ÷ a step, in-loop):")
+        print(analysis.tree_table(mtp, costs))
     memory = memory_report(pieces, ks[-1], commits)
     plain_linears = print_plain_linears(timed)
     linears = linear_report(config, params, prompts[0], ks, run)
@@ -432,8 +455,12 @@ def main(argv):
             f"{pathlib.Path(FLAGS.checkpoint).name}: {len(prompts)} prompts × {run['max_new']} "
             f"tokens, jax {jax.__version__} {jax.default_backend()}"
         )
-        analysis.plot_sweep(rows, alpha, str(out / "speedup_tau_vs_k.png"), title=title)
+        analysis.plot_sweep(chains, alpha, str(out / "speedup_tau_vs_k.png"), title=title)
         print(f"plots: {out / 'speedup_tau_vs_k.png'}")
+        if shapes:
+            mtp = [r for r in rows if r["proposer"] == "mtp"]
+            analysis.plot_nodes(mtp, str(out / "tau_speedup_vs_nodes.png"), title=title)
+            print(f"plots: {out / 'tau_speedup_vs_nodes.png'}")
     cli.write_json({
         "speedup": best["speedup"], "tau": best["tau"],
         "verify_over_step": best["verify_over_step"], "efficiency": best["efficiency"],
@@ -442,7 +469,9 @@ def main(argv):
         "sweep": rows, "pieces": {str(k): v for k, v in pieces.items()}, "alpha": alpha,
         "memory": memory, "plain_linears": plain_linears, "linears": linears, "copies": copies,
         "matmul_row_scaling": {i: {str(t): v for t, v in c.items()} for i, c in mm.items()},
-        "peer": peer,
+        "peer": peer, "tree_costs": costs and {
+            "step_s": costs["step_s"], "chain": {str(t): r for t, r in costs["chain"].items()},
+            "tree": {"x".join(map(str, t)): r for t, r in costs["tree"].items()}},
         "settings": dict(
             checkpoint=FLAGS.checkpoint, ks=ks, commits=commits, proposers=proposers,
             max_new_tokens=run["max_new"], repeats=run["repeats"], prompts=len(prompts),

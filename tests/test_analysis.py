@@ -74,6 +74,7 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
         "--checkpoint=tests/fixtures/hf/qwen3_5", "--num_draft=1", "--commit=states,replay",
         "--max_new_tokens=16", "--repeats=1", "--piece_iters=2", "--num_prompts=1",
         "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}", "--max_window=3",
+        "--trees=2x1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,8 +91,17 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
         assert np.isfinite(pieces[key]) and pieces[key] > 0, key
     # "states" keeps every per-position GDN state: strictly more commit data than "replay"
     assert pieces["commit_data_bytes_states"] > pieces["commit_data_bytes_replay"] > 0
+    # the tree swept beside the chains: its nodes, its window ÷ step, its plot
+    (tree,) = [r for r in result["sweep"] if r["tree"] is not None]
+    assert tree["tree"] == [2, 1] and tree["nodes"] == 4 and tree["proposer"] == "mtp"
+    assert result["tree_costs"]["tree"]["2x1"] > 0 and result["tree_costs"]["chain"]["1"] == 1.0
+    assert (tmp_path / "tau_speedup_vs_nodes.png").stat().st_size > 10_000
     for r in result["sweep"]:
-        assert r["speedup"] > 0 and r["ideal"] > 0
+        assert r["speedup"] > 0
+        if r["tree"] is not None:  # its draft cost is not split out: no ideal
+            assert np.isnan(r["ideal"]) and np.isnan(r["efficiency"])
+            continue
+        assert r["ideal"] > 0
         if np.isfinite(r["decode_speedup"]):
             assert r["efficiency"] == pytest.approx(r["decode_speedup"] / r["ideal"])
         else:  # flagged: prefill dominated this tiny run, so decode speed is not resolvable

@@ -17,6 +17,7 @@ model"):
   model.py    ideal_speedup, expected_tau, fit_alpha
   hlo.py      loop_copies: the buffer copies XLA put in a decoding program's loop body
   plots.py    plot_sweep
+  trees.py    tree_costs (tree window ÷ step beside chains), plot_nodes (τ, speed-up vs nodes)
 """
 
 from mtpspec.analysis.hlo import loop_copies
@@ -44,8 +45,12 @@ from mtpspec.analysis.timing import (
     matmul_row_scaling,
     median_seconds,
 )
+from mtpspec.analysis.trees import plot_nodes, tree_costs, tree_table
 
 __all__ = [
+    "plot_nodes",
+    "tree_costs",
+    "tree_table",
     "PIECES",
     "PLAIN",
     "PLAIN_XLA",

@@ -20,6 +20,7 @@ from mtpspec import decoding
 from mtpspec.analysis.model import fit_alpha, ideal_speedup
 from mtpspec.analysis.timing import CompileCounter
 from mtpspec.decoding.stats import pooled
+from mtpspec.models.tree import TreeShape
 
 
 class Point(NamedTuple):
@@ -27,11 +28,17 @@ class Point(NamedTuple):
     k: int
     commit: str | None
     linear: str = "auto"  # the decoding tree's linear implementation (``decoding.prepare``)
+    tree: tuple[int, ...] | None = None  # a draft tree's branching (``SpecConfig.tree``)
 
     @property
     def program(self) -> tuple:
         """What the prefill part depends on (not the commit strategy)."""
-        return (self.proposer, self.k, self.linear)
+        return (self.proposer, self.k, self.linear, self.tree)
+
+    @property
+    def nodes(self) -> int:
+        """Draft tokens verified per step: k for a chain, every node of a tree."""
+        return self.k if self.tree is None else TreeShape(self.tree).nodes
 
 
 PLAIN = Point("none", 0, None)
@@ -46,7 +53,7 @@ def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
         if draft is None:
             raise ValueError("proposer 'draft' needs a draft model (config, params)")
         extra = dict(draft_config=draft[0], draft_params=draft[1])
-    return decoding.SpecConfig(point.proposer, point.k, point.commit, **extra)
+    return decoding.SpecConfig(point.proposer, point.k, point.commit, tree=point.tree, **extra)
 
 
 def stock_attention(linear: str) -> str:
@@ -141,25 +148,32 @@ def throughput(timed: Timed, pt: Point) -> tuple[float, float]:
     return total / seconds, (total - timed.num_prompts) / decode_s if ok else float("nan")
 
 
-def summarize(timed: Timed, pieces: dict) -> list[dict]:
+def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> list[dict]:
     """One row per speculative point: speed-ups against plain greedy with the same linear
     implementation in the same run (a ``Point("none", 0, None, linear)`` must be swept), pooled τ
-    and per-position acceptance, the ideal speed-up from the pieces and the efficiency."""
+    and per-position acceptance, the ideal speed-up from the pieces and the efficiency. A tree
+    point's verify cost is its whole tree window ÷ step from ``tree_windows`` (``tree_costs``);
+    its draft cost is not split out, so its ideal and efficiency are NaN."""
     rows = []
     for pt in timed.points:
         if pt.proposer == "none":
             continue
         plain = Point("none", 0, None, pt.linear)  # the baseline runs the same linear
         plain_tps, plain_decode = throughput(timed, plain)
-        pc = pieces[pt.k]
+        pc = dict(pieces.get(pt.k) or next(iter(pieces.values())))  # a tree's depth may be unswept
         acc = pooled(timed.stats[pt])
         tps, decode_tps = throughput(timed, pt)
         t_draft = pc.get(f"draft_{pt.proposer}", 0.0)
         ideal = ideal_speedup(acc["tau"], pc["step"], pc["verify"], t_draft)
+        if pt.tree is not None:
+            ratio = (tree_windows or {}).get(pt.tree, float("nan"))
+            pc["verify"], t_draft, ideal = ratio * pc["step"], float("nan"), float("nan")
         rows.append(
             dict(
                 proposer=pt.proposer,
                 num_draft=pt.k,
+                tree=pt.tree,
+                nodes=pt.nodes,
                 commit=pt.commit,
                 tokens_per_s=tps,
                 decode_tokens_per_s=decode_tps,

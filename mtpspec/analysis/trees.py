@@ -1,0 +1,120 @@
+"""Tree speculation measured beside chains: what a tree window costs against a decode step and a
+chain window, and τ / speed-up against the number of draft nodes verified per step.
+
+    ratios = tree_costs(config, params, prompt, [(2, 1, 1), (2, 2, 1)], iters=64)
+    # {"step_s": s, "chain": {t: window ÷ step}, "tree": {(2, 1, 1): tree window ÷ step, ...}}
+    plot_nodes(rows, path)     # rows of ``sweep.summarize`` (chains and trees)
+
+Each window runs inside one jitted on-device loop on the decoding tree of weights (the same fused
+projections and linear implementation decoding uses, ``linear``), after a prefill of ``prompt``,
+all round-robin (``timing.interleaved_medians``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+
+from mtpspec import decoding
+from mtpspec.analysis.timing import interleaved_medians, loop_job
+from mtpspec.decoding import program
+from mtpspec.models import decoder
+from mtpspec.models import tree as mtree
+
+
+def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, linear="auto"):
+    """Seconds of a 1-token step and window ÷ step for chains of t = 2..max rows and each tree."""
+    shapes = [mtree.check_tree(x) for x in shapes]
+    rows = max(t.rows for t in shapes)
+    prep = decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, linear=linear,
+                            capacity=len(prompt) + rows + 16)  # fmt: skip
+    tree_params = prep.args[0]
+    state = program.prefill_jit(prep.key, *prep.args).state
+    vocab = config.vocab_size
+
+    def chain(t):
+        def body(c, tok):
+            p, st = c
+            out = decoder.window_step_impl(config, p, st, jnp.full((1, t), tok, jnp.int32),
+                                           jnp.array([t], jnp.int32), "auto")  # fmt: skip
+            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
+
+        return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
+
+    def tree(shape):
+        def body(c, tok):
+            p, st = c
+            toks = jnp.full((1, shape.rows), tok, jnp.int32)
+            out = mtree.window_step_tree_impl(config, p, st, toks, shape, jnp.array([True]))
+            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
+
+        return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
+
+    jobs = {("chain", t): chain(t) for t in sorted({1, 2, 4, *(s.depth + 1 for s in shapes)})}
+    jobs.update({("tree", s.branching): tree(s) for s in shapes})
+    med = interleaved_medians(jobs)
+    step = med[("chain", 1)]
+    return {
+        "step_s": step / iters,
+        "chain": {t: s / step for (kind, t), s in med.items() if kind == "chain"},
+        "tree": {b: s / step for (kind, b), s in med.items() if kind == "tree"},
+    }
+
+
+def plot_nodes(rows: Sequence[dict], path: str, *, title: str = ""):
+    """τ and end-to-end speed-up against draft nodes verified per step, chains and trees of one
+    proposer's rows (``summarize``: keys nodes, tree, tau, speedup). Writes a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for kind, marker in (("chain", "o-"), ("tree", "s")):
+        pts = sorted(
+            (r for r in rows if (r.get("tree") is None) == (kind == "chain")),
+            key=lambda r: r["nodes"],
+        )
+        if not pts:
+            continue
+        xs = [r["nodes"] for r in pts]
+        ax_t.plot(xs, [r["tau"] for r in pts], marker, label=kind)
+        ax_s.plot(xs, [r["speedup"] for r in pts], marker, label=kind)
+        if kind == "tree":
+            for r in pts:
+                name = "x".join(map(str, r["tree"]))
+                ax_t.annotate(name, (r["nodes"], r["tau"]), fontsize=7)
+                ax_s.annotate(name, (r["nodes"], r["speedup"]), fontsize=7)
+    ax_t.set_xlabel("draft nodes verified per step")
+    ax_t.set_ylabel("τ (tokens per verify step)")
+    ax_s.set_xlabel("draft nodes verified per step")
+    ax_s.set_ylabel("speed-up over plain greedy (end to end)")
+    ax_s.axhline(1.0, color="gray", lw=0.8)
+    for ax in (ax_t, ax_s):
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
+
+
+def tree_table(rows: Sequence[dict], costs: dict) -> str:
+    """The tree rows of a sweep beside the chain rows of the same proposer, as text: nodes, τ,
+    speed-ups, and the window ÷ step of each (the chain's window of k + 1 rows)."""
+    lines = [
+        f"{'drafts':<14} {'nodes':>5} {'tau':>5} {'speedup':>8} {'decode':>6} {'w/step':>6}  same"
+    ]
+    for r in sorted(rows, key=lambda r: (r["tree"] is not None, r["nodes"])):
+        if r["tree"] is None:
+            name, ratio = f"chain k={r['num_draft']}", costs["chain"].get(r["num_draft"] + 1)
+        else:
+            name, ratio = "tree " + "x".join(map(str, r["tree"])), costs["tree"][r["tree"]]
+        w = "-" if ratio is None else f"{ratio:.2f}"
+        lines.append(
+            f"{name:<14} {r['nodes']:>5} {r['tau']:>5.2f} {r['speedup']:>8.2f} "
+            f"{r['decode_speedup']:>6.2f} {w:>6}  {r['same_as_greedy']}"
+        )
+    return "\n".join(lines)
