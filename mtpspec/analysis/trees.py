@@ -51,7 +51,7 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
 
         return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
 
-    jobs = {("chain", t): chain(t) for t in sorted({1, 2, 4, *(s.depth + 1 for s in shapes)})}
+    jobs = {("chain", t): chain(t) for t in range(1, max(s.depth for s in shapes) + 2)}
     jobs.update({("tree", s.branching): tree(s) for s in shapes})
     med = interleaved_medians(jobs)
     step = med[("chain", 1)]

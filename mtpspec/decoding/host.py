@@ -200,11 +200,6 @@ def prepare(
     knobs, greedy = knobs_for(len(prompts), **sampling)
     k = speculative.num_draft if speculative else 0
     tree = check_tree(speculative.tree) if speculative and speculative.tree is not None else None
-    if tree is not None and not greedy:
-        raise ValueError(
-            "tree speculation is greedy only so far (temperature 0 for every prompt); lossless "
-            "multi-candidate sampling over a tree is not implemented yet"
-        )
     rows = tree.rows if tree is not None else k + 1  # KV slots one verify window writes
     longest = max(len(p) for p in prompts)
     p_pad = round_up(longest, BUCKET)

@@ -155,7 +155,9 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         state = stages.commit(s, c.state, verified, n)
         logits, hidden = verified.logits, verified.hidden
     else:  # the tree's window, reduced to the accepted path (a chain's shapes from here on)
-        done = tree.verify_accept_commit(s, params, c.state, c.pending, drafts, active)
+        done = tree.verify_accept_commit(
+            s, params, c.state, c.pending, drafts, q, active, step_draws.fold(ACCEPT)
+        )
         drafts, accepted, token, n, state, logits, hidden = done
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
     logp = c.logp

@@ -288,3 +288,58 @@ def speculative_accept(
 def draft_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p=0.0) -> jax.Array:
     """The proposer's q for sampled drafts ([..., V])."""
     return jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))
+
+
+def sample_rows(keys, logp) -> jax.Array:
+    """One draw per row key from log-probabilities [b, ..., V] (independent per element)."""
+    return _categorical_rows(keys, logp)
+
+
+def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0, top_p=1.0,
+                            min_p=0.0, *, residual: bool = True):  # fmt: skip
+    """Lossless multi-candidate verification of a draft tree (SpecInfer's multi-step speculative
+    sampling; Miao et al. 2024, also Sequoia): walking down from the root, the children of the
+    current node — drawn i.i.d. from q at that node — are tried in turn; child x is accepted
+    with probability min(1, r(x) / q(x)), where r starts as the target's p at the node and after
+    each rejection becomes normalize(max(0, r − q)). An accepted child becomes the current node;
+    when all are rejected the new token is drawn from r; at a leaf, from p there (the bonus).
+
+    logits [b, R, V] (target, every tree row), tokens [b, R] (row 0 the root), q [b, R, V] (the
+    distribution each row's children were drawn from; leaves unused), ``tree`` a TreeShape,
+    ``keys`` one per row. Returns (node [b], n = depth + 1 [b], new token [b]).
+    ``residual=False`` keeps r = p after a rejection: a deliberately WRONG rule, kept only as
+    the statistical test's negative control."""
+    b = logits.shape[0]
+    p = jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))  # [b, R, V]
+    rows = jnp.arange(b)
+    first_child = jnp.asarray(tree.first_child)
+    cur = jnp.zeros((b,), jnp.int32)
+    alive = jnp.ones((b,), bool)  # every node so far accepted
+    stop_dist = p[:, 0]
+
+    def uniform(i):
+        return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, i)))(keys)
+
+    for depth, branching in enumerate(tree.branching):
+        r, qd = p[rows, cur], q[rows, cur]  # [b, V]
+        nxt, found = cur, jnp.zeros((b,), bool)
+        for j in range(branching):
+            child = first_child[cur] + j
+            x = tokens[rows, child]
+            u = uniform(depth * 64 + j)
+            trying = alive & ~found
+            ok = trying & (u * qd[rows, x] < r[rows, x])
+            nxt = jnp.where(ok, child, nxt)
+            if residual:
+                left = jnp.maximum(r - qd, 0.0)
+                total = jnp.sum(left, axis=-1, keepdims=True)
+                left = jnp.where(total > 0, left / jnp.where(total > 0, total, 1.0), r)
+                r = jnp.where((trying & ~ok)[:, None], left, r)
+            found = found | ok
+        stop_dist = jnp.where((alive & ~found)[:, None], r, stop_dist)
+        alive = alive & found
+        cur = nxt
+    final = jnp.where(alive[:, None], p[rows, cur], stop_dist)
+    final_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**20))(keys)
+    token = _categorical_rows(final_keys, jnp.log(final))
+    return cur, jnp.asarray(tree.row_depth)[cur] + 1, token

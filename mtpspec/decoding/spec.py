@@ -37,7 +37,8 @@ class SpecConfig:
     ``ops.resolve_gdn_method``).
     tree: None (a chain of num_draft drafts) or (b_1, ..., b_d) with d = num_draft: a static
     draft tree with b_i children per node at depth i, verified in one window of all its nodes
-    (``models.tree``); greedy decoding with proposer "mtp" so far.
+    (``models.tree``); proposer "mtp" so far (greedy: the top b_i children; sampling: b_i
+    i.i.d. draws, verified losslessly by ``sampling.tree_speculative_accept``).
     """
 
     proposer: str = "mtp"

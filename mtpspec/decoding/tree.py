@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from mtpspec.decoding.commit import commit_gdn
+from mtpspec.decoding.sampling import tree_speculative_accept
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
 from mtpspec.models.tree import TreeShape
 from mtpspec.ops import GDNAux
@@ -114,9 +115,10 @@ __all__ = [
 ]
 
 
-def verify_accept_commit(s, params, state: DecodeState, pending, drafts, active):
-    """One tree window of the decoding loop (greedy): verify every node, accept the deepest
-    matching path, commit it. Returns the chain-shaped results the loop goes on with: (the
+def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, active, draws):
+    """One tree window of the decoding loop: verify every node, accept a path (greedy: the
+    deepest matching; sampling: ``sampling.tree_speculative_accept`` with the drafts' q and
+    ``draws``), commit it. Returns the chain-shaped results the loop goes on with: (the
     path's drafts [b, d], accepted a [b], new token [b], n [b] (0 when inactive), the committed
     state, logits and hidden of the path's rows [b, d + 1, ...])."""
     from mtpspec.models.tree import window_step_tree_impl
@@ -124,7 +126,12 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, active)
     shape = s.tree
     tokens = tree_tokens(shape, pending, drafts)
     verified = window_step_tree_impl(s.config, params, state, tokens, shape, active)
-    node, n, token = accept_greedy(shape, verified.logits, tokens)
+    if s.sampling.greedy:
+        node, n, token = accept_greedy(shape, verified.logits, tokens)
+    else:
+        node, n, token = tree_speculative_accept(
+            draws.keys, verified.logits, tokens, q, shape, *draws.knobs
+        )
     n = jnp.where(active, n, 0)
     committed = commit_path(state, verified.state, verified.commit, node, n, shape, s.commit)
     rows = path_rows(shape, node)

@@ -65,12 +65,17 @@ def _mtp_rows(config, params, state, hidden, tokens, position, own):
 
 
 def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, select):
-    """Greedy tree drafts: ``h`` [b, 1, H] the MTP hidden predicting the token after the pending
-    one; ``select(logits [b, n, V], b_i) -> ids [b, n, b_i]`` picks each node's children (top
-    b_i). Returns the drafts of rows 1..R−1 [b, R − 1] in ``tree``'s breadth-first order."""
+    """Tree drafts: ``h`` [b, 1, H] the MTP hidden predicting the token after the pending one;
+    ``select(logits [b, n, V], b_i, depth) -> (ids [b, n, b_i], q [b, n, V or 0])`` picks each
+    node's children (``greedy_select``: the top b_i; sampling: b_i i.i.d. draws, q the
+    distribution drawn from). Returns (drafts of rows 1..R−1 [b, R − 1] in ``tree``'s
+    breadth-first order, q [b, R, V or 0]: the distribution each row's children came from,
+    zeros at the leaves)."""
     from mtpspec.models.decoder import lm_logits
 
-    levels = [select(lm_logits(config, params, h), tree.branching[0]).reshape(h.shape[0], -1)]
+    b = h.shape[0]
+    ids, q = select(lm_logits(config, params, h), tree.branching[0], 0)
+    levels, qs = [ids.reshape(b, -1)], [q]
     hid, own = h, None
     for i in range(1, tree.depth):
         nodes = levels[-1]  # [b, n_i]
@@ -79,11 +84,20 @@ def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, sele
             own = tuple(jnp.repeat(x, tree.branching[i - 1], axis=1) for x in own)
         position = state.mtp_lengths + (i - 1)
         hid, own = _mtp_rows(config, params, state, parent_hidden, nodes, position, own)
-        children = select(lm_logits(config, params, hid), tree.branching[i])  # [b, n_i, b_{i+1}]
-        levels.append(children.reshape(children.shape[0], -1))
-    return jnp.concatenate(levels, axis=1)
+        ids, q = select(lm_logits(config, params, hid), tree.branching[i], i)
+        levels.append(ids.reshape(b, -1))
+        qs.append(q)
+    leaves = levels[-1].shape[1]
+    qs.append(jnp.zeros((b, leaves, qs[0].shape[-1]), jnp.float32))
+    return jnp.concatenate(levels, axis=1), jnp.concatenate(qs, axis=1)
 
 
 def top_b(logits, b: int):
     """The b most likely ids [..., b] (ties: the lower id first, as argmax)."""
     return jax.lax.top_k(logits, b)[1].astype(jnp.int32)
+
+
+def greedy_select(logits, b: int, depth: int):
+    """``select`` for greedy trees: the top b children, no q."""
+    del depth
+    return top_b(logits, b), jnp.zeros(logits.shape[:-1] + (0,), jnp.float32)

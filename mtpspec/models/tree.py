@@ -106,6 +106,17 @@ class TreeShape:
         return out
 
     @functools.cached_property
+    def first_child(self) -> np.ndarray:
+        """[rows] int: each row's first child row (its b_{i+1} children are consecutive); −1 for
+        the leaves."""
+        out = np.full(self.rows, -1, np.int32)
+        for r in range(1, self.rows):
+            p = int(self.parent[r])
+            if out[p] < 0:
+                out[p] = r
+        return out
+
+    @functools.cached_property
     def ancestor_mask(self) -> np.ndarray:
         """[rows, rows] bool: row r sees row s (s on r's path, r itself included)."""
         mask = np.zeros((self.rows, self.rows), bool)

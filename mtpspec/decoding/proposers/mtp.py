@@ -23,8 +23,9 @@ import jax.numpy as jnp
 
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+from mtpspec.decoding.sampling import draft_probs, sample_rows
 from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
-from mtpspec.models.mtp_tree import mtp_tree_drafts, top_b
+from mtpspec.models.mtp_tree import greedy_select, mtp_tree_drafts
 
 
 class MTPState(NamedTuple):
@@ -53,9 +54,10 @@ class MTPProposer(Proposer):
         return self._fold(s, params, pre.state, pre.hidden, nxt, pre.lengths)
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
-        if s.tree is not None:  # greedy top-b per node, chained along every branch
-            drafts = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, top_b)
-            return Proposal(drafts, jnp.zeros(drafts.shape + (0,), jnp.float32))
+        if s.tree is not None:  # b_i children per node, chained along every branch
+            select = greedy_select if s.sampling.greedy else _sampled_children(key)
+            drafts, q = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, select)
+            return Proposal(drafts, q)
         h, tmp = pstate.hidden, state
         one = jnp.ones_like(state.lengths)
 
@@ -70,3 +72,15 @@ class MTPProposer(Proposer):
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)
+
+
+def _sampled_children(draws):
+    """``select`` for sampled trees: b children drawn i.i.d. from each node's filtered MTP
+    distribution q (what lossless multi-candidate verification needs), with q."""
+
+    def select(logits, b: int, depth: int):
+        q = draft_probs(logits, *draws.knobs)  # [batch, n, V]
+        logq = jnp.log(jnp.broadcast_to(q[:, :, None], q.shape[:2] + (b, q.shape[-1])))
+        return sample_rows(draws.fold(depth).keys, logq), q
+
+    return select
