@@ -288,11 +288,11 @@ def _first_token_counts(tree, residual, n=20_000):
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.standard_normal((tree.rows, V)) * 1.5, jnp.float32)
     q = jax.nn.softmax(jnp.asarray(rng.standard_normal((tree.rows, V)), jnp.float32), -1)
-    parent = jnp.asarray(np.maximum(tree.parent, 0))
+    q = q[jnp.asarray(np.maximum(tree.parent, 0))]  # siblings share their parent's q: i.i.d.
 
     def one(key):
         k1, k2 = jax.random.split(key)
-        drafts = jax.random.categorical(k1, jnp.log(q[parent]), axis=-1).astype(jnp.int32)
+        drafts = jax.random.categorical(k1, jnp.log(q), axis=-1).astype(jnp.int32)
         node, m, token = sampling.tree_speculative_accept(
             k2[None], logits[None], drafts[None], q[None], tree, 1.0, residual=residual
         )

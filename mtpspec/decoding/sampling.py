@@ -299,13 +299,15 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
                             min_p=0.0, *, residual: bool = True):  # fmt: skip
     """Lossless multi-candidate verification of a draft tree (SpecInfer's multi-step speculative
     sampling; Miao et al. 2024, also Sequoia): walking down from the root, the children of the
-    current node — drawn i.i.d. from q at that node — are tried in turn; child x is accepted
-    with probability min(1, r(x) / q(x)), where r starts as the target's p at the node and after
-    each rejection becomes normalize(max(0, r − q)). An accepted child becomes the current node;
+    current node are tried in turn; child x, drawn from q_x, is accepted with probability
+    min(1, r(x) / q_x(x)), where r starts as the target's p at the node and after each
+    rejection becomes normalize(max(0, r − q_x)). An accepted child becomes the current node;
     when all are rejected the new token is drawn from r; at a leaf, from p there (the bonus).
+    Lossless when siblings are drawn i.i.d. from one q (a sampled MTP tree) or are distinct
+    deterministic candidates with q_x one-hot on x (n-gram continuations).
 
     logits [b, R, V] (target, every tree row), tokens [b, R] (row 0 the root), q [b, R, V] (the
-    distribution each row's children were drawn from; leaves unused), ``tree`` a TreeShape,
+    distribution each row's token was drawn from; the root's unused), ``tree`` a TreeShape,
     ``keys`` one per row. Returns (node [b], n = depth + 1 [b], new token [b]).
     ``residual=False`` keeps r = p after a rejection: a deliberately WRONG rule, kept only as
     the statistical test's negative control."""
@@ -321,11 +323,11 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
         return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, i)))(keys)
 
     for depth, branching in enumerate(tree.branching):
-        r, qd = p[rows, cur], q[rows, cur]  # [b, V]
+        r = p[rows, cur]  # [b, V]
         nxt, found = cur, jnp.zeros((b,), bool)
         for j in range(branching):
             child = first_child[cur] + j
-            x = tokens[rows, child]
+            x, qd = tokens[rows, child], q[rows, child]
             u = uniform(depth * 64 + j)
             trying = alive & ~found
             ok = trying & (u * qd[rows, x] < r[rows, x])

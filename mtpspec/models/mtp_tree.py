@@ -69,13 +69,14 @@ def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, sele
     ``select(logits [b, n, V], b_i, depth) -> (ids [b, n, b_i], q [b, n, V or 0])`` picks each
     node's children (``greedy_select``: the top b_i; sampling: b_i i.i.d. draws, q the
     distribution drawn from). Returns (drafts of rows 1..R−1 [b, R − 1] in ``tree``'s
-    breadth-first order, q [b, R, V or 0]: the distribution each row's children came from,
-    zeros at the leaves)."""
+    breadth-first order, q [b, R, V or 0]: the distribution each row's token was drawn from,
+    zeros at the root)."""
     from mtpspec.models.decoder import lm_logits
 
     b = h.shape[0]
     ids, q = select(lm_logits(config, params, h), tree.branching[0], 0)
-    levels, qs = [ids.reshape(b, -1)], [q]
+    levels = [ids.reshape(b, -1)]
+    qs = [jnp.zeros((b, 1, q.shape[-1]), jnp.float32), jnp.repeat(q, tree.branching[0], axis=1)]
     hid, own = h, None
     for i in range(1, tree.depth):
         nodes = levels[-1]  # [b, n_i]
@@ -86,9 +87,7 @@ def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, sele
         hid, own = _mtp_rows(config, params, state, parent_hidden, nodes, position, own)
         ids, q = select(lm_logits(config, params, hid), tree.branching[i], i)
         levels.append(ids.reshape(b, -1))
-        qs.append(q)
-    leaves = levels[-1].shape[1]
-    qs.append(jnp.zeros((b, leaves, qs[0].shape[-1]), jnp.float32))
+        qs.append(jnp.repeat(q, tree.branching[i], axis=1))  # each child's own law
     return jnp.concatenate(levels, axis=1), jnp.concatenate(qs, axis=1)
 
 
