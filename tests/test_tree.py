@@ -232,14 +232,21 @@ LOOP_PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3], [7]]
 
 
 @pytest.mark.parametrize(
-    "shape, commits", [((2, 2), COMMIT_STRATEGIES), ((3, 1, 1), ("replay",)), ((2,), ("scan",))]
+    "proposer, shape, commits",
+    [
+        ("mtp", (2, 2), COMMIT_STRATEGIES),
+        ("mtp", (3, 1, 1), ("replay",)),
+        ("mtp", (2,), ("scan",)),
+        ("ngram", (2, 2), ("states", "replay")),
+        ("ngram", (3, 1, 1), ("scan",)),
+    ],
 )
-def test_tree_speculative_greedy_equals_plain_greedy(small_vocab_model, shape, commits):
+def test_tree_speculative_greedy_equals_plain_greedy(small_vocab_model, proposer, shape, commits):
     """Token for token, on a ragged batch, with every commit strategy; some steps accept."""
     config, params = small_vocab_model
     plain = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24)
     for commit in commits:
-        spec = decoding.SpecConfig("mtp", len(shape), commit, tree=shape)
+        spec = decoding.SpecConfig(proposer, len(shape), commit, tree=shape)
         got = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24, speculative=spec)
         assert got.tokens == plain.tokens, commit
         assert got.stats["tau"] > 1.0  # drafts were accepted
@@ -270,8 +277,8 @@ def test_tree_settings_are_checked_before_device_work(small_vocab_model):
     )
     with pytest.raises(ValueError, match="depth 2; it must equal num_draft=3"):
         gen(decoding.SpecConfig("mtp", 3, tree=(2, 2)))
-    with pytest.raises(ValueError, match="tree speculation runs with proposer 'mtp'"):
-        gen(decoding.SpecConfig("ngram", 2, tree=(2, 2)))
+    with pytest.raises(ValueError, match="tree speculation runs with the proposers"):
+        gen(decoding.SpecConfig("draft", 2, tree=(2, 2)))
     with pytest.raises(ValueError, match="tree branching"):
         gen(decoding.SpecConfig("mtp", 2, tree=(2, 0)))
 
@@ -281,20 +288,25 @@ def test_tree_settings_are_checked_before_device_work(small_vocab_model):
 V = sampling_tests.V
 
 
-def _first_token_counts(tree, residual, n=20_000):
+def _first_token_counts(tree, residual, n=20_000, deterministic=False):
     """The first emitted token of one tree step, over n keys: the drafted child on the accepted
     path, or the new token when nothing was accepted. Per-row target and draft distributions are
-    random; children are drawn i.i.d. from q at their parent."""
+    random; children are drawn i.i.d. from q at their parent, or (``deterministic``) are fixed
+    distinct tokens with q one-hot on each (n-gram candidates)."""
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.standard_normal((tree.rows, V)) * 1.5, jnp.float32)
     q = jax.nn.softmax(jnp.asarray(rng.standard_normal((tree.rows, V)), jnp.float32), -1)
     q = q[jnp.asarray(np.maximum(tree.parent, 0))]  # siblings share their parent's q: i.i.d.
+    fixed = jnp.asarray((np.arange(tree.rows) * 3) % V, jnp.int32)  # distinct among siblings
 
     def one(key):
         k1, k2 = jax.random.split(key)
         drafts = jax.random.categorical(k1, jnp.log(q), axis=-1).astype(jnp.int32)
+        qs = q
+        if deterministic:
+            drafts, qs = fixed, jax.nn.one_hot(fixed, V, dtype=jnp.float32)
         node, m, token = sampling.tree_speculative_accept(
-            k2[None], logits[None], drafts[None], q[None], tree, 1.0, residual=residual
+            k2[None], logits[None], drafts[None], qs[None], tree, 1.0, residual=residual
         )
         path = jnp.asarray(tree.path)[node[0]]
         return jnp.where(m[0] > 1, drafts[path[1]], token[0]), m[0]
@@ -304,16 +316,17 @@ def _first_token_counts(tree, residual, n=20_000):
     return counts, np.asarray(jax.nn.softmax(logits[0])), np.asarray(m)
 
 
-@pytest.mark.parametrize("shape", [(2, 2), (3, 1)])
-def test_tree_rejection_sampling_keeps_the_target_law(shape):
+@pytest.mark.parametrize("shape, deterministic", [((2, 2), False), ((3, 1), False), ((3, 1), True)])
+def test_tree_rejection_sampling_keeps_the_target_law(shape, deterministic):
     """The first emitted token follows the target's p at the root exactly, and deeper paths are
-    reached (the test exercises acceptance at depth 1 and 2); the rule without the residual
-    update fails the same test (negative control)."""
+    reached (the test exercises acceptance at depth 1 and 2), for i.i.d. sampled children and for
+    distinct deterministic candidates; the rule without the residual update fails the same test
+    (negative control)."""
     tree = TreeShape(shape)
-    counts, p, m = _first_token_counts(tree, residual=True)
+    counts, p, m = _first_token_counts(tree, True, deterministic=deterministic)
     assert sampling_tests.chi_square_p_value(counts, p) > 1e-3
-    assert (m == 3).mean() > 0.05 and (m == 1).mean() > 0.05
-    wrong, _, _ = _first_token_counts(tree, residual=False)
+    assert (m == 3).mean() > 0.01 and (m == 1).mean() > 0.01
+    wrong, _, _ = _first_token_counts(tree, False, deterministic=deterministic)
     assert sampling_tests.chi_square_p_value(wrong, p) < 1e-6
 
 
@@ -334,3 +347,17 @@ def test_generate_tree_sampling_matches_the_target_distribution():
     np.add.at(counts, (seqs[:, 0], seqs[:, 1], seqs[:, 2]), 1)
     want = sampling_tests.exact_probs(config, params, sampling_tests.PROMPT, 3)
     assert sampling_tests.chi_square_p_value(counts, want) > 1e-3
+
+
+def test_ngram_tree_drafts_the_distinct_continuations_most_recent_first():
+    from mtpspec.decoding.proposers.ngram import ngram_propose, ngram_tree_propose
+
+    hist = jnp.asarray([[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 0, 0]], jnp.int32)
+    length = jnp.array([11])
+    # "1 2" was followed by 3, 4, 5 (5 latest); after "1 2 5" came 1, after "1 2 4" came 1
+    got = ngram_tree_propose(hist, length, TreeShape((2, 1)), 1, 3)
+    assert got.tolist() == [[5, 4, 1, 1]]
+    three = ngram_tree_propose(hist, length, TreeShape((4,)), 1, 3)
+    assert three.tolist() == [[5, 4, 3, 2]]  # three continuations, then the last token
+    chain = ngram_propose(hist, length, 2, 1, 3)
+    assert ngram_tree_propose(hist, length, TreeShape((1, 1)), 1, 3).tolist() == chain.tolist()

@@ -21,7 +21,7 @@ from mtpspec.ops import GDN_METHODS
 DEFAULT_COMMIT = "replay"
 DEFAULT_NUM_DRAFT = 2
 VERIFY_METHODS = GDN_METHODS
-TREE_PROPOSERS = "mtp"  # the proposers that draft trees (decoding/proposers: propose_tree)
+TREE_PROPOSERS = ("mtp", "ngram")  # the proposers that draft trees
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,8 +37,9 @@ class SpecConfig:
     ``ops.resolve_gdn_method``).
     tree: None (a chain of num_draft drafts) or (b_1, ..., b_d) with d = num_draft: a static
     draft tree with b_i children per node at depth i, verified in one window of all its nodes
-    (``models.tree``); proposer "mtp" so far (greedy: the top b_i children; sampling: b_i
-    i.i.d. draws, verified losslessly by ``sampling.tree_speculative_accept``).
+    (``models.tree``); proposers "mtp" (greedy: the top b_i children; sampling: b_i i.i.d.
+    draws) and "ngram" (the distinct continuations in the history), verified losslessly when
+    sampling (``sampling.tree_speculative_accept``).
     """
 
     proposer: str = "mtp"
@@ -67,15 +68,15 @@ class SpecConfig:
             raise ValueError(
                 f"unknown verify_method {self.verify_method!r}; expected one of {VERIFY_METHODS}"
             )
-        proposers.lookup(self.proposer).check(self, config, params)
         if self.tree is not None:
             shape = check_tree(self.tree)
             if shape.depth != k:
                 raise ValueError(
                     f"tree {shape.branching} has depth {shape.depth}; it must equal num_draft={k}"
                 )
-            if self.proposer != TREE_PROPOSERS:
+            if self.proposer not in TREE_PROPOSERS:
                 raise ValueError(
-                    f"tree speculation runs with proposer {TREE_PROPOSERS!r} so far, "
+                    f"tree speculation runs with the proposers {TREE_PROPOSERS} so far, "
                     f"not {self.proposer!r}"
                 )
+        proposers.lookup(self.proposer).check(self, config, params)

@@ -48,6 +48,53 @@ def ngram_propose(
     return jnp.where(ok, drafts, fallback).astype(jnp.int32)
 
 
+def _match_ends(hist, hist_len, n_min: int, n_max: int) -> jax.Array:
+    """[b, size] bool: the ends p of the earlier occurrences of the history's last n tokens, for
+    the longest n in n_max..n_min that occurs (as ``ngram_propose`` picks its match)."""
+    b, size = hist.shape
+    pos = jnp.arange(size)[None, :]
+    last = hist_len - 1
+    found = jnp.zeros((b, size), bool)
+    eq_all = jnp.ones((b, size), bool)
+    for j in range(n_max):
+        shifted = jnp.roll(hist, j, axis=1)
+        tail = jnp.take_along_axis(hist, jnp.maximum(last - j, 0)[:, None], 1)
+        eq_all = eq_all & (shifted == tail) & (pos - j >= 0)
+        if j + 1 >= n_min:
+            ok = eq_all & (pos < last[:, None])
+            found = jnp.where(jnp.any(ok, axis=1, keepdims=True), ok, found)
+    return found
+
+
+def ngram_tree_propose(hist, hist_len, tree, n_min: int, n_max: int) -> jax.Array:
+    """Tree drafts [b, R − 1] from the history's own continuations: the children of a node are
+    the distinct tokens that followed its context (the matched suffix, then the node's path) in
+    the history, most recent occurrence first, b_i of them; a node with fewer distinct
+    continuations repeats the last token (a wasted node costs acceptance, never correctness)."""
+    b, size = hist.shape
+    pos = jnp.arange(size)[None, :]
+    last = hist_len - 1
+    fallback = jnp.take_along_axis(hist, last[:, None], 1)  # [b, 1]
+    cand = _match_ends(hist, hist_len, n_min, n_max)[:, None, :]  # [b, nodes of a depth, size]
+    levels = []
+    for i, width in enumerate(tree.branching):
+        at = pos + i + 1  # the token i + 1 after a match end
+        nxt = jnp.take_along_axis(hist, jnp.minimum(at, size - 1), 1)  # [b, size]
+        live = cand & (at <= last[:, None])[:, None, :]
+        left, picks = live, []
+        for _ in range(width):
+            score = jnp.where(left, pos[:, None, :], -1)
+            latest = jnp.argmax(score, axis=-1)  # [b, n]
+            token = jnp.take_along_axis(nxt, latest, 1)
+            token = jnp.where(jnp.max(score, axis=-1) >= 0, token, fallback)
+            picks.append(token)
+            left = left & (nxt[:, None, :] != token[..., None])
+        children = jnp.stack(picks, axis=-1).reshape(b, -1)  # [b, n · width]
+        levels.append(children)
+        cand = jnp.repeat(live, width, axis=1) & (nxt[:, None, :] == children[..., None])
+    return jnp.concatenate(levels, axis=1).astype(jnp.int32)
+
+
 class NgramState(NamedTuple):
     hist: jax.Array  # [b, capacity + 1] int32: prompt + emitted tokens, the pending one included
 
@@ -77,11 +124,17 @@ class NgramProposer(Proposer):
         return NgramState(hist.at[jnp.arange(b), pre.lengths].set(pre.first)), pre.state
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
-        drafts = ngram_propose(pstate.hist, state.lengths + 1, s.k, self.n_min, self.n_max)
+        hist_len = state.lengths + 1
+        if s.tree is not None:
+            drafts = ngram_tree_propose(pstate.hist, hist_len, s.tree, self.n_min, self.n_max)
+        else:
+            drafts = ngram_propose(pstate.hist, hist_len, s.k, self.n_min, self.n_max)
         if s.sampling.greedy:
             q = jnp.zeros(drafts.shape + (0,), jnp.float32)
         else:  # deterministic drafts: q is one-hot on the draft
             q = jax.nn.one_hot(drafts, s.config.vocab_size, dtype=jnp.float32)
+        if s.tree is not None:  # a tree's q has a row per window row (the root's unused)
+            q = jnp.concatenate([jnp.zeros_like(q[:, :1]), q], axis=1)
         return Proposal(drafts, q)
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
