@@ -12,7 +12,7 @@ only — ``models.layers.attention`` uses it where decoding's ``attention`` opti
 "ffi", for windows of up to ``MAX_T`` tokens: decode steps, verify windows and prefills of up to
 320 tokens (bucketed prompt length); longer prefills use XLA's form. The kernel walks each
 query's live prefix on one thread, so its cost grows as t²: at the default model's attention
-shape it took 0.72-0.78 of XLA's time at t = 160-320 and 1.10 at 384 (BUILD_NOTES.md, fifth
+shape it took 0.71-0.90 of XLA's time at t = 160-320 and 1.10 at 384 (BUILD_NOTES.md, fifth
 session).
 """
 
