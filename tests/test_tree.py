@@ -252,6 +252,42 @@ def test_tree_speculative_greedy_equals_plain_greedy(small_vocab_model, proposer
         assert got.stats["tau"] > 1.0  # drafts were accepted
 
 
+@pytest.fixture(scope="module")
+def draft_model():
+    config = C.tiny_hybrid(
+        vocab_size=8, hidden_size=32, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2
+    )
+    return config, models.init_params(config, jax.random.key(11), norm_scale=0.1)
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 1)])
+def test_draft_model_trees_emit_plain_greedy_tokens(small_vocab_model, draft_model, shape):
+    """The draft model drafts its tree depth by depth and commits its own state to the accepted
+    path: tokens equal plain greedy's with every commit strategy, and drafts get accepted."""
+    config, params = small_vocab_model
+    dconfig, dparams = draft_model
+    plain = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24)
+    for commit in COMMIT_STRATEGIES:
+        spec = decoding.SpecConfig(
+            "draft", len(shape), commit, tree=shape, draft_config=dconfig, draft_params=dparams
+        )
+        got = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24, speculative=spec)
+        assert got.tokens == plain.tokens, commit
+        assert got.stats["tau"] > 1.0
+
+
+def test_a_draft_model_tree_of_the_target_itself_accepts_every_path_it_can(small_vocab_model):
+    """With the target as its own draft, every greedy tree's first branch is the target's own
+    continuation: every step accepts the whole depth (τ = d + 1 until the length limit) — which
+    only holds when the draft state is committed exactly to each accepted path."""
+    config, params = small_vocab_model
+    spec = decoding.SpecConfig("draft", 2, tree=(2, 2), draft_config=config, draft_params=params)
+    got = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=22, speculative=spec)
+    for row in np.asarray(got.stats["accepted"]).T:
+        live = row[row >= 0]
+        assert (live[:-1] == 2).all(), row  # the last step may be cut by max_new_tokens
+
+
 def test_a_one_wide_tree_is_the_chain(small_vocab_model):
     """tree = (1, 1, 1) drafts and accepts exactly what the chain with k = 3 does, step by step."""
     config, params = small_vocab_model
@@ -278,7 +314,7 @@ def test_tree_settings_are_checked_before_device_work(small_vocab_model):
     with pytest.raises(ValueError, match="depth 2; it must equal num_draft=3"):
         gen(decoding.SpecConfig("mtp", 3, tree=(2, 2)))
     with pytest.raises(ValueError, match="tree speculation runs with the proposers"):
-        gen(decoding.SpecConfig("draft", 2, tree=(2, 2)))
+        gen(decoding.SpecConfig("nonsense", 2, tree=(2, 2)))
     with pytest.raises(ValueError, match="tree branching"):
         gen(decoding.SpecConfig("mtp", 2, tree=(2, 0)))
 

@@ -153,19 +153,19 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
         n = jnp.where(active, accepted + 1, 0)
         state = stages.commit(s, c.state, verified, n)
-        logits, hidden = verified.logits, verified.hidden
+        logits, hidden, node = verified.logits, verified.hidden, None
     else:  # the tree's window, reduced to the accepted path (a chain's shapes from here on)
         done = tree.verify_accept_commit(
             s, params, c.state, c.pending, drafts, q, active, step_draws.fold(ACCEPT)
         )
-        drafts, accepted, token, n, state, logits, hidden = done
+        drafts, accepted, token, n, state, logits, hidden, node = done
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
     logp = c.logp
     if s.logprobs:
         logp = stages.write_rows(s, logp, _token_logp(logits, em.tokens), em.index)
     pstate = c.pstate
     if s.proposer is not None:
-        done = Committed(state, hidden, em.tokens, n)
+        done = Committed(state, hidden, em.tokens, n, node)
         pstate, state = s.proposer.update(
             s, params, pparams, c.pstate, proposal.scratch, done, step_draws.fold(UPDATE)
         )

@@ -21,7 +21,7 @@ from mtpspec.ops import GDN_METHODS
 DEFAULT_COMMIT = "replay"
 DEFAULT_NUM_DRAFT = 2
 VERIFY_METHODS = GDN_METHODS
-TREE_PROPOSERS = ("mtp", "ngram")  # the proposers that draft trees
+TREE_PROPOSERS = ("mtp", "ngram", "draft")  # the proposers that draft trees
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -37,9 +37,9 @@ class SpecConfig:
     ``ops.resolve_gdn_method``).
     tree: None (a chain of num_draft drafts) or (b_1, ..., b_d) with d = num_draft: a static
     draft tree with b_i children per node at depth i, verified in one window of all its nodes
-    (``models.tree``); proposers "mtp" (greedy: the top b_i children; sampling: b_i i.i.d.
-    draws) and "ngram" (the distinct continuations in the history), verified losslessly when
-    sampling (``sampling.tree_speculative_accept``).
+    (``models.tree``); proposers "mtp" and "draft" (greedy: the top b_i children; sampling:
+    b_i i.i.d. draws) and "ngram" (the distinct continuations in the history), verified
+    losslessly when sampling (``sampling.tree_speculative_accept``).
     """
 
     proposer: str = "mtp"

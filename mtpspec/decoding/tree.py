@@ -120,7 +120,7 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, acti
     deepest matching; sampling: ``sampling.tree_speculative_accept`` with the drafts' q and
     ``draws``), commit it. Returns the chain-shaped results the loop goes on with: (the
     path's drafts [b, d], accepted a [b], new token [b], n [b] (0 when inactive), the committed
-    state, logits and hidden of the path's rows [b, d + 1, ...])."""
+    state, logits and hidden of the path's rows [b, d + 1, ...], the accepted row [b])."""
     from mtpspec.models.tree import window_step_tree_impl
 
     shape = s.tree
@@ -138,4 +138,4 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, acti
     path_drafts = jnp.take_along_axis(tokens, rows, axis=1)[:, 1:]
     logits, hidden = _along(verified.logits, rows), _along(verified.hidden, rows)
     accepted = jnp.maximum(n - 1, 0)
-    return path_drafts, accepted, token, n, committed, logits, hidden
+    return path_drafts, accepted, token, n, committed, logits, hidden, node

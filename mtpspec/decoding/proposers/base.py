@@ -60,6 +60,7 @@ class Committed(NamedTuple):
     hidden: jax.Array  # [b, k + 1, H] target final-normed hidden of every window row
     emitted: jax.Array  # [b, k + 1] the token after each row: d_1..d_a, then the new token
     n: jax.Array  # [b] int32 rows kept (a + 1; 0 for finished sequences)
+    node: jax.Array | None = None  # [b] the accepted tree row (tree speculation), else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@ target's vocabulary (``SpecConfig(proposer="draft", draft_config=..., draft_para
 Its decode state holds every emitted token but the pending one, like the target's. ``propose``
 runs k + 1 one-token steps over [pending, d_1..d_k] (so that an all-accepted window is folded in
 too) and hands their commit data to ``update``, which commits the draft state to the accepted
-prefix with the same strategy as the target (``commit_window``).
+prefix with the same strategy as the target (``commit_window``). With a tree it drafts depth by
+depth through its own tree windows and commits the accepted path (``decoding.tree``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from mtpspec.config import ModelConfig
 from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+from mtpspec.decoding.proposers.mtp import sampled_children
+from mtpspec.decoding.tree import commit_path
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.inference import check_finite_once
+from mtpspec.models.mtp_tree import greedy_select
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import GDNCommit, init_decode_state
+from mtpspec.models.tree import window_step_tree_impl
 from mtpspec.ops import GDNAux
 
 
@@ -89,6 +94,8 @@ class DraftModelProposer(Proposer):
         return out.state, pre.state
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+        if s.tree is not None:
+            return self._propose_tree(s, pparams, pstate, pending, active, key)
         valid = active.astype(jnp.int32)
         keep_states = s.commit == "states"
         dstate, commits = pstate, []
@@ -108,8 +115,32 @@ class DraftModelProposer(Proposer):
         step(drafts[:, -1])  # fold d_k in too: an all-accepted window keeps it
         return Proposal(drafts, q, scratch=(dstate, stack_commits(commits)))
 
+    def _propose_tree(self, s, pparams, dstate, pending, active, key) -> Proposal:
+        """The draft model's tree, one depth at a time: a tree window over the rows known so far
+        (deeper rows hold placeholders, which no shallower row sees) gives each node of the
+        current depth its children (top-b greedy, or i.i.d. draws with their q); a last window
+        over the whole tree keeps every row's commit data for ``update``."""
+        shape = s.tree
+        b = pending.shape[0]
+        tokens = jnp.zeros((b, shape.rows), jnp.int32).at[:, 0].set(pending)
+        q = None
+        select = greedy_select if s.sampling.greedy else sampled_children(key)
+        for i, (lo, hi) in enumerate(shape.levels[:-1]):
+            out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
+            ids, q_i = select(out.logits[:, lo:hi], shape.branching[i], i)
+            nxt_lo, nxt_hi = shape.levels[i + 1]
+            tokens = tokens.at[:, nxt_lo:nxt_hi].set(ids.reshape(b, -1))
+            if q is None:
+                q = jnp.zeros((b, shape.rows, q_i.shape[-1]), jnp.float32)
+            q = q.at[:, nxt_lo:nxt_hi].set(jnp.repeat(q_i, shape.branching[i], axis=1))
+        out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
+        return Proposal(tokens[:, 1:], q, scratch=(out.state, out.commit))
+
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         after, commits = scratch
+        if s.tree is not None:  # the accepted path of the draft's own tree window
+            state = commit_path(pstate, after, commits, done.node, done.n, s.tree, s.commit)
+            return state, done.state
         return commit_window(pstate, after, commits, done.n, s.commit), done.state
 
     def constrain(self, s, pstate, mesh):

@@ -55,7 +55,7 @@ class MTPProposer(Proposer):
 
     def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
         if s.tree is not None:  # b_i children per node, chained along every branch
-            select = greedy_select if s.sampling.greedy else _sampled_children(key)
+            select = greedy_select if s.sampling.greedy else sampled_children(key)
             drafts, q = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, select)
             return Proposal(drafts, q)
         h, tmp = pstate.hidden, state
@@ -74,7 +74,7 @@ class MTPProposer(Proposer):
         return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)
 
 
-def _sampled_children(draws):
+def sampled_children(draws):
     """``select`` for sampled trees: b children drawn i.i.d. from each node's filtered MTP
     distribution q (what lossless multi-candidate verification needs), with q."""
 
