@@ -37,6 +37,7 @@ def test_tree_shape_tables():
     assert t.conv_taps(4)[0].tolist() == [0, 1, 2, 3]
     assert TreeShape((1, 1, 1)).path[-1].tolist() == [0, 1, 2, 3]  # a chain
     assert mtree.check_tree([2, 2]) == TreeShape((2, 2))
+    assert mtree.check_tree(np.array([2, 2])) == TreeShape((2, 2))  # NumPy ints too
     assert hash(TreeShape((2, 2))) == hash(TreeShape((2, 2)))
 
 
@@ -44,6 +45,12 @@ def test_tree_shape_tables():
 def test_bad_tree_shapes_are_refused(bad):
     with pytest.raises(ValueError, match="tree branching"):
         TreeShape(bad)
+
+
+def test_a_tree_too_large_is_refused_before_any_table_is_built():
+    with pytest.raises(ValueError, match=f"at most {mtree.MAX_ROWS} are supported"):
+        TreeShape((1000, 1000))
+    assert TreeShape((4, 4, 4)).rows <= mtree.MAX_ROWS
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -317,6 +324,8 @@ def test_tree_settings_are_checked_before_device_work(small_vocab_model):
         gen(decoding.SpecConfig("nonsense", 2, tree=(2, 2)))
     with pytest.raises(ValueError, match="tree branching"):
         gen(decoding.SpecConfig("mtp", 2, tree=(2, 0)))
+    with pytest.raises(ValueError, match="does not apply to a tree"):
+        gen(decoding.SpecConfig("mtp", 2, tree=(2, 2), verify_method="chunk"))
 
 
 # ---- sampling: lossless multi-candidate verification -------------------------------------------

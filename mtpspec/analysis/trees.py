@@ -18,13 +18,14 @@ import jax.numpy as jnp
 
 from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
-from mtpspec.decoding import program
+from mtpspec.decoding import host, program
 from mtpspec.models import decoder
 from mtpspec.models import tree as mtree
 
 
 def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, linear="auto"):
-    """Seconds of a 1-token step and window ÷ step for chains of t = 2..max rows and each tree."""
+    """Seconds of a 1-token step, and window ÷ step for chains of t = 1 .. (deepest tree + 1)
+    rows (each with the GDN form decoding runs for t rows) and for each tree."""
     shapes = [mtree.check_tree(x) for x in shapes]
     rows = max(t.rows for t in shapes)
     prep = decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, linear=linear,
@@ -34,10 +35,12 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
     vocab = config.vocab_size
 
     def chain(t):
+        method = host.window_gdn_method(config, "auto", t, sharded=False)
+
         def body(c, tok):
             p, st = c
             out = decoder.window_step_impl(config, p, st, jnp.full((1, t), tok, jnp.int32),
-                                           jnp.array([t], jnp.int32), "auto")  # fmt: skip
+                                           jnp.array([t], jnp.int32), method)  # fmt: skip
             return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
 
         return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)

@@ -319,8 +319,9 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
     alive = jnp.ones((b,), bool)  # every node so far accepted
     stop_dist = p[:, 0]
 
-    def uniform(i):
-        return jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, i)))(keys)
+    def uniform(depth, j):  # one independent draw per (depth, child) and row
+        fold = jax.random.fold_in
+        return jax.vmap(lambda k: jax.random.uniform(fold(fold(k, depth), j)))(keys)
 
     for depth, branching in enumerate(tree.branching):
         r = p[rows, cur]  # [b, V]
@@ -328,7 +329,7 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
         for j in range(branching):
             child = first_child[cur] + j
             x, qd = tokens[rows, child], q[rows, child]
-            u = uniform(depth * 64 + j)
+            u = uniform(depth, j)
             trying = alive & ~found
             ok = trying & (u * qd[rows, x] < r[rows, x])
             nxt = jnp.where(ok, child, nxt)
@@ -342,6 +343,6 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
         alive = alive & found
         cur = nxt
     final = jnp.where(alive[:, None], p[rows, cur], stop_dist)
-    final_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**20))(keys)
+    final_keys = jax.vmap(lambda k: jax.random.fold_in(k, tree.depth))(keys)
     token = _categorical_rows(final_keys, jnp.log(final))
     return cur, jnp.asarray(tree.row_depth)[cur] + 1, token

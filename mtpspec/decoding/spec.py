@@ -74,6 +74,11 @@ class SpecConfig:
                 raise ValueError(
                     f"tree {shape.branching} has depth {shape.depth}; it must equal num_draft={k}"
                 )
+            if self.verify_method != "auto":
+                raise ValueError(
+                    f"verify_method={self.verify_method!r} does not apply to a tree: its window "
+                    "runs the per-depth GDN recurrence (models.tree); leave it 'auto'"
+                )
             if self.proposer not in TREE_PROPOSERS:
                 raise ValueError(
                     f"tree speculation runs with the proposers {TREE_PROPOSERS} so far, "

@@ -55,6 +55,8 @@ def _mtp_rows(config, params, state, hidden, tokens, position, own):
     q, gate, k, v = layers.attention_inputs(
         config, layer["attn"], layers.norm(config, x, layer["input_norm"]), pos
     )
+    dtype = state.mtp.k.dtype  # the keys as the chain's cache would hold them
+    k, v = k.astype(dtype), v.astype(dtype)
     own_k = k[:, :, None] if own is None else jnp.concatenate([own[0], k[:, :, None]], axis=2)
     own_v = v[:, :, None] if own is None else jnp.concatenate([own[1], v[:, :, None]], axis=2)
     o = _prefix_and_own_attention(q, state.mtp, state.mtp_lengths, own_k, own_v)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,9 @@ from mtpspec.models.inference import FUSED
 from mtpspec.models.state import AttentionCache, AttentionCommit, DecodeState, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
+# The largest tree window: rows (root included) per verify step. Far above what pays on any
+# hardware measured; it bounds the index tables and the per-node GDN states ([b, R, h, k, v]).
+MAX_ROWS = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,12 @@ class TreeShape:
         for x in b:
             if isinstance(x, bool) or not isinstance(x, int) or x < 1:
                 raise ValueError(f"tree branching factors must be ints >= 1, got {b!r}")
+        rows = sum(math.prod(b[:i]) for i in range(len(b) + 1))
+        if rows > MAX_ROWS:
+            raise ValueError(
+                f"tree {b} has {rows} rows (root included); at most {MAX_ROWS} are supported "
+                "(every row is a verify-window token and keeps its own GDN states)"
+            )
 
     @property
     def depth(self) -> int:
@@ -145,11 +155,15 @@ class TreeShape:
 
 
 def check_tree(tree) -> TreeShape:
-    """A ``TreeShape`` from a TreeShape or a tuple of branching factors (ValueError otherwise)."""
+    """A ``TreeShape`` from a TreeShape or a sequence of branching factors (Python or NumPy ints;
+    ValueError otherwise)."""
     if isinstance(tree, TreeShape):
         return tree
-    if isinstance(tree, list):
-        tree = tuple(tree)
+    if isinstance(tree, list | tuple | np.ndarray):
+        try:
+            tree = tuple(x if isinstance(x, bool) else operator.index(x) for x in tree)
+        except TypeError:
+            pass  # TreeShape names the bad factor
     return TreeShape(tree)
 
 

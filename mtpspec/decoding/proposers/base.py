@@ -46,7 +46,9 @@ class Prefilled(NamedTuple):
 
 
 class Proposal(NamedTuple):
-    """k drafts per sequence and what verification needs of them."""
+    """k drafts per sequence and what verification needs of them. With a tree (``s.tree``,
+    R rows): drafts [b, R − 1] for rows 1.. in breadth-first order and q [b, R, V or 0] with a
+    row per window row (the root's unused)."""
 
     drafts: jax.Array  # [b, k] int32 (any valid ids for inactive sequences)
     q: jax.Array  # [b, k, V]: the distribution each draft was drawn from; [b, k, 0] when greedy

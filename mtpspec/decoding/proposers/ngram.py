@@ -70,7 +70,8 @@ def ngram_tree_propose(hist, hist_len, tree, n_min: int, n_max: int) -> jax.Arra
     """Tree drafts [b, R − 1] from the history's own continuations: the children of a node are
     the distinct tokens that followed its context (the matched suffix, then the node's path) in
     the history, most recent occurrence first, b_i of them; a node with fewer distinct
-    continuations repeats the last token (a wasted node costs acceptance, never correctness)."""
+    continuations fills its other children with the history's last (pending) token, which may
+    repeat a sibling (a wasted node costs acceptance, never correctness)."""
     b, size = hist.shape
     pos = jnp.arange(size)[None, :]
     last = hist_len - 1
