@@ -100,6 +100,19 @@ def test_sharded_generation_emits_the_single_device_tokens(
         assert got.stats["tau"] > 1.0
 
 
+@pytest.mark.parametrize("shape", MESHES, ids=["1x8", "2x4"])
+def test_sharded_tree_speculation_emits_the_single_device_tokens(model, reference, shape):
+    """A draft tree (MTP, 2x2) under a mesh: plain greedy's tokens and the single-device tree
+    run's per-step acceptance."""
+    params, prompts = model
+    spec = SpecConfig(proposer="mtp", num_draft=2, tree=(2, 2))
+    single = generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=spec)
+    mesh = sharding.make_mesh(*shape)
+    got = generate(CONFIG, params, prompts, max_new_tokens=NEW, speculative=spec, mesh=mesh)
+    assert single.tokens == reference and got.tokens == reference
+    assert got.stats["accepted"] == single.stats["accepted"]
+
+
 def test_explicit_mesh_is_accepted_and_gives_the_same_tokens(model, reference):
     params, prompts = model
     generate(CONFIG, params, prompts, max_new_tokens=NEW, mesh=sharding.make_mesh(2, 4))
