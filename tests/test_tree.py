@@ -406,3 +406,19 @@ def test_ngram_tree_drafts_the_distinct_continuations_most_recent_first():
     assert three.tolist() == [[5, 4, 3, 2]]  # three continuations, then the last token
     chain = ngram_propose(hist, length, 2, 1, 3)
     assert ngram_tree_propose(hist, length, TreeShape((1, 1)), 1, 3).tolist() == chain.tolist()
+
+
+@pytest.mark.parametrize("proposer", ["mtp", "ngram"])
+def test_greedy_rows_of_a_sampled_tree_batch_stay_greedy(small_vocab_model, proposer):
+    """Rows at temperature 0 inside a sampled batch emit plain greedy's tokens (their tree holds
+    distinct top-b candidates with one-hot q), and accept drafts."""
+    config, params = small_vocab_model
+    plain = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24)
+    spec = decoding.SpecConfig(proposer, 2, tree=(2, 2))
+    got = mtpspec.generate(
+        config, params, LOOP_PROMPTS, max_new_tokens=24, speculative=spec,
+        temperature=[0.0, 0.9, 0.0], seed=4,
+    )  # fmt: skip
+    assert got.tokens[0] == plain.tokens[0] and got.tokens[2] == plain.tokens[2]
+    assert len(got.tokens[1]) == 24  # the sampled row ran beside them
+    assert got.stats["tau"] > 1.0

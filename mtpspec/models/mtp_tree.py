@@ -68,17 +68,17 @@ def _mtp_rows(config, params, state, hidden, tokens, position, own):
 
 def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, select):
     """Tree drafts: ``h`` [b, 1, H] the MTP hidden predicting the token after the pending one;
-    ``select(logits [b, n, V], b_i, depth) -> (ids [b, n, b_i], q [b, n, V or 0])`` picks each
-    node's children (``greedy_select``: the top b_i; sampling: b_i i.i.d. draws, q the
-    distribution drawn from). Returns (drafts of rows 1..R−1 [b, R − 1] in ``tree``'s
-    breadth-first order, q [b, R, V or 0]: the distribution each row's token was drawn from,
-    zeros at the root)."""
+    ``select(logits [b, n, V], b_i, depth) -> (ids [b, n, b_i], q [b, n, b_i, V or 0])`` picks
+    each node's children and the law each was drawn from (``greedy_select``: the top b_i, no q;
+    sampling: b_i i.i.d. draws, ``decoding.proposers.mtp.sampled_children``). Returns (drafts
+    of rows 1..R−1 [b, R − 1] in ``tree``'s breadth-first order, q [b, R, V or 0]: the law
+    each row's token was drawn from, zeros at the root)."""
     from mtpspec.models.decoder import lm_logits
 
     b = h.shape[0]
     ids, q = select(lm_logits(config, params, h), tree.branching[0], 0)
     levels = [ids.reshape(b, -1)]
-    qs = [jnp.zeros((b, 1, q.shape[-1]), jnp.float32), jnp.repeat(q, tree.branching[0], axis=1)]
+    qs = [jnp.zeros((b, 1, q.shape[-1]), jnp.float32), per_child(q)]
     hid, own = h, None
     for i in range(1, tree.depth):
         nodes = levels[-1]  # [b, n_i]
@@ -89,8 +89,13 @@ def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, sele
         hid, own = _mtp_rows(config, params, state, parent_hidden, nodes, position, own)
         ids, q = select(lm_logits(config, params, hid), tree.branching[i], i)
         levels.append(ids.reshape(b, -1))
-        qs.append(jnp.repeat(q, tree.branching[i], axis=1))  # each child's own law
+        qs.append(per_child(q))  # each child's own law
     return jnp.concatenate(levels, axis=1), jnp.concatenate(qs, axis=1)
+
+
+def per_child(q):
+    """[b, n, b_i, V] -> [b, n · b_i, V] (children in breadth-first order; V may be 0)."""
+    return q.reshape(q.shape[0], q.shape[1] * q.shape[2], q.shape[3])
 
 
 def top_b(logits, b: int):
@@ -101,4 +106,4 @@ def top_b(logits, b: int):
 def greedy_select(logits, b: int, depth: int):
     """``select`` for greedy trees: the top b children, no q."""
     del depth
-    return top_b(logits, b), jnp.zeros(logits.shape[:-1] + (0,), jnp.float32)
+    return top_b(logits, b), jnp.zeros(logits.shape[:-1] + (b, 0), jnp.float32)

@@ -24,7 +24,7 @@ from mtpspec.decoding.proposers.mtp import sampled_children
 from mtpspec.decoding.tree import commit_path
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.inference import check_finite_once
-from mtpspec.models.mtp_tree import greedy_select
+from mtpspec.models.mtp_tree import greedy_select, per_child
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import GDNCommit, init_decode_state
 from mtpspec.models.tree import window_step_tree_impl
@@ -132,7 +132,7 @@ class DraftModelProposer(Proposer):
             tokens = tokens.at[:, nxt_lo:nxt_hi].set(ids.reshape(b, -1))
             if q is None:
                 q = jnp.zeros((b, shape.rows, q_i.shape[-1]), jnp.float32)
-            q = q.at[:, nxt_lo:nxt_hi].set(jnp.repeat(q_i, shape.branching[i], axis=1))
+            q = q.at[:, nxt_lo:nxt_hi].set(per_child(q_i))
         out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
         return Proposal(tokens[:, 1:], q, scratch=(out.state, out.commit))
 

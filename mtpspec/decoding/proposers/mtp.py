@@ -25,7 +25,7 @@ from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 from mtpspec.decoding.sampling import draft_probs, sample_rows
 from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
-from mtpspec.models.mtp_tree import greedy_select, mtp_tree_drafts
+from mtpspec.models.mtp_tree import greedy_select, mtp_tree_drafts, top_b
 
 
 class MTPState(NamedTuple):
@@ -76,11 +76,19 @@ class MTPProposer(Proposer):
 
 def sampled_children(draws):
     """``select`` for sampled trees: b children drawn i.i.d. from each node's filtered MTP
-    distribution q (what lossless multi-candidate verification needs), with q."""
+    distribution q, each with q (what lossless multi-candidate verification needs). Rows at
+    temperature 0 take the top b instead, distinct, each with a one-hot q (deterministic
+    candidates, equally lossless): i.i.d. draws from their one-hot q would repeat one token."""
 
     def select(logits, b: int, depth: int):
         q = draft_probs(logits, *draws.knobs)  # [batch, n, V]
-        logq = jnp.log(jnp.broadcast_to(q[:, :, None], q.shape[:2] + (b, q.shape[-1])))
-        return sample_rows(draws.fold(depth).keys, logq), q
+        shape = q.shape[:2] + (b, q.shape[-1])
+        ids = sample_rows(draws.fold(depth).keys, jnp.log(jnp.broadcast_to(q[:, :, None], shape)))
+        q = jnp.broadcast_to(q[:, :, None], shape)
+        greedy = (draws.knobs.temperature == 0)[:, None, None]
+        top = top_b(logits, b)
+        ids = jnp.where(greedy, top, ids)
+        q = jnp.where(greedy[..., None], jax.nn.one_hot(top, q.shape[-1], dtype=q.dtype), q)
+        return ids, q
 
     return select
