@@ -95,16 +95,38 @@ def cached_attention(
     beyond are masked). Reading the *updated* cache gives the cache write a single reader order
     (write, then read), so XLA updates the loop-carried buffer in place; reading the old cache
     beside the write made it copy each K and V buffer twice per step."""
+    n = k_cache.shape[2]
+    visible = jnp.arange(n)[None, None, :] <= positions[:, :, None]  # [b, t, n]
+    return masked_cache_attention(q, k_cache, v_cache, visible)
+
+
+def masked_cache_attention(
+    q: jax.Array,  # [b, t, hq, d]
+    k_cache: jax.Array,  # [b, g, n, d]
+    v_cache: jax.Array,  # [b, g, d, n] (transposed)
+    visible: jax.Array,  # [b, t, n] bool: the cache slots each query row reads
+) -> jax.Array:  # [b, t, hq, d] float32
+    """GQA attention of query rows over the cache slots ``visible`` to each (one softmax per row;
+    ``cached_attention``'s causal prefix, a tree window's ancestor mask)."""
     b, t, hq, d = q.shape
-    g, n = k_cache.shape[1], k_cache.shape[2]
+    g = k_cache.shape[1]
     f32 = jnp.float32
     qg = q.astype(f32).reshape(b, t, g, hq // g, d) * (d**-0.5)
     s = jnp.einsum("btgrd,bgsd->bgrts", qg, k_cache.astype(f32), precision=HIGHEST)
-    visible = jnp.arange(n)[None, None, :] <= positions[:, :, None]  # [b, t, n]
     s = jnp.where(visible[:, None, None], s, -jnp.inf)
     probs = jax.nn.softmax(s, axis=-1)
     o = jnp.einsum("bgrts,bgds->btgrd", probs, v_cache.astype(f32), precision=HIGHEST)
     return o.reshape(b, t, hq, d)
+
+
+def write_kv(cache: AttentionCache, k: jax.Array, v: jax.Array, slots: jax.Array):
+    """The cache with a window's keys / values [b, t, g, d] written at ``slots`` [b, t] (in the
+    cache's dtype; slots beyond the capacity are dropped, never wrapped)."""
+    rows = jnp.arange(k.shape[0])[:, None]
+    dtype = cache.k.dtype
+    new_k = cache.k.at[rows, :, slots].set(k.astype(dtype), mode="drop")
+    new_v = cache.v.at[rows, :, :, slots].set(v.astype(dtype), mode="drop")  # v cache [b, g, d, n]
+    return AttentionCache(new_k, new_v)
 
 
 def step_attention(
@@ -162,11 +184,9 @@ def attention(
     else:  # the cache (k [b, g, n, d], v [b, g, d, n]): grouped products read it in place
         dtype = cache.k.dtype
         k, v = k.astype(dtype), v.astype(dtype)  # the window's keys as the cache will hold them
-        rows = jnp.arange(b)[:, None]
         # Writes beyond capacity are dropped (never wrap around); callers check capacity first.
-        new_k = cache.k.at[rows, :, positions].set(k, mode="drop")
-        new_v = cache.v.at[rows, :, :, positions].set(v, mode="drop")  # v cache [b, g, d, n]
-        new_cache = AttentionCache(new_k, new_v)
+        new_cache = write_kv(cache, k, v, positions)
+        new_k, new_v = new_cache
         # The same keys every way. Decoding's attention="ffi" (the tree's marker) runs the C++
         # kernel over the live prefix of the written cache. Otherwise each form is
         # the one XLA:CPU runs faster in the compiled decode loop (A/B in one process,
@@ -241,37 +261,60 @@ def gdn(
 ) -> tuple[jax.Array, GDNCache | None, GDNCommit]:
     """Returns (out [b, t, H], new cache, commit data: ``GDNCommit``, documented field by field
     in ``models/state.py``)."""
-    b, t, _ = x.shape
-    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
-    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
-    mixed, z, b_in, a = projections(x, p, FUSED["gdn"])
-    mixed = mixed.astype(x.dtype)  # [b, t, c] pre-conv
-    z = z.reshape(b, t, hv, dv)
-    beta = jax.nn.sigmoid(b_in)
-    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
-        a + p["dt_bias"].astype(jnp.float32)
-    )
+    t = x.shape[1]
     real = jnp.arange(t)[None, :] < valid[:, None]  # [b, t]
-    g = jnp.where(real[..., None], g, 0.0)  # padding: no decay, no update -> state untouched
-    beta = jnp.where(real[..., None], beta, 0.0)
-
+    # padding: no decay, no update -> state untouched
+    mixed, z, g, beta = gdn_inputs(config, p, x, real)
     window = None if cache is None else cache.conv
     conv_out, _ = ops.causal_conv1d(mixed, p["conv"], initial_window=window)
-    q, k, v = jnp.split(conv_out.astype(jnp.float32), [hk * dk, 2 * hk * dk], axis=-1)
-    q = ops.l2_norm(q.reshape(b, t, hk, dk))
-    k = ops.l2_norm(k.reshape(b, t, hk, dk))
-    v = v.reshape(b, t, hv, dv)
+    q, k, v = gdn_qkv(config, conv_out)
     state0 = None if cache is None else cache.state
     o, final, aux = ops.gated_delta_rule_with_aux(
         q, k, v, g, beta, initial_state=state0, method=method, return_states=return_states
     )
-    o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
-    out = linear(o.reshape(b, t, hv * dv).astype(x.dtype), p["w_out"])
     new_cache = None
     if cache is not None:
         new_cache = GDNCache(final, ops.conv_window_after(cache.conv, mixed, valid))
-    k_heads = jnp.repeat(k, hv // hk, axis=2) if hv != hk else k
-    return out, new_cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
+    k_heads = ops.expand_key_heads(k, config.linear_num_value_heads)
+    return (
+        gdn_output(config, p, o, z, x.dtype),
+        new_cache,
+        GDNCommit(mixed, k_heads, v, g, beta, aux),
+    )
+
+
+def gdn_inputs(config: ModelConfig, p: dict, x: jax.Array, real: jax.Array):
+    """A GDN block's projections of x [b, t, H]: (pre-conv mixed [b, t, c], output gate z
+    [b, t, hv, dv], log-decay g and write strength beta [b, t, hv]), with g = beta = 0 where
+    ``real`` ([b, t] or [b, 1]) is False, so those rows leave the state untouched."""
+    b, t, _ = x.shape
+    hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
+    mixed, z, b_in, a = projections(x, p, FUSED["gdn"])
+    beta = jax.nn.sigmoid(b_in)
+    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
+        a + p["dt_bias"].astype(jnp.float32)
+    )
+    g = jnp.where(real[..., None], g, 0.0)
+    beta = jnp.where(real[..., None], beta, 0.0)
+    return mixed.astype(x.dtype), z.reshape(b, t, hv, dv), g, beta
+
+
+def gdn_qkv(config: ModelConfig, conv_out: jax.Array):
+    """q, k (L2-normed, [b, t, hk, dk]) and v [b, t, hv, dv] float32 from the conv output."""
+    b, t, _ = conv_out.shape
+    hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
+    hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
+    q, k, v = jnp.split(conv_out.astype(jnp.float32), [hk * dk, 2 * hk * dk], axis=-1)
+    q = ops.l2_norm(q.reshape(b, t, hk, dk))
+    k = ops.l2_norm(k.reshape(b, t, hk, dk))
+    return q, k, v.reshape(b, t, hv, dv)
+
+
+def gdn_output(config: ModelConfig, p: dict, o: jax.Array, z: jax.Array, dtype) -> jax.Array:
+    """The GDN block's output: o [b, t, hv, dv] gated-normed by z, projected to [b, t, H]."""
+    b, t = o.shape[:2]
+    o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
+    return linear(o.reshape(b, t, -1).astype(dtype), p["w_out"])
 
 
 # ---- MLPs ---------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ import numpy as np
 from mtpspec import ops
 from mtpspec.config import ModelConfig
 from mtpspec.models import layers
-from mtpspec.models.inference import FUSED
 from mtpspec.models.state import AttentionCache, AttentionCommit, DecodeState, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -174,60 +173,33 @@ def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCac
     """Attention of every tree row: position L + depth, keys written at slots L + row, each row
     reading the committed prefix and its own path. Returns (out [b, R, H], new cache)."""
     b, t, _ = x.shape
-    depth = jnp.asarray(tree.row_depth)
-    positions = lengths[:, None] + depth[None]  # [b, R]
+    positions = lengths[:, None] + jnp.asarray(tree.row_depth)[None]  # [b, R]
     q, gate, k, v = layers.attention_inputs(config, p, x, positions)
-    dtype = cache.k.dtype
     slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, R]
-    rows = jnp.arange(b)[:, None]
-    new_k = cache.k.at[rows, :, slots].set(k.astype(dtype), mode="drop")
-    new_v = cache.v.at[rows, :, :, slots].set(v.astype(dtype), mode="drop")
-    n, g, hq, d = cache.k.shape[2], cache.k.shape[1], q.shape[2], q.shape[3]
-    qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
-    s = jnp.einsum("btgrd,bgsd->bgrts", qg, new_k.astype(jnp.float32), precision=HIGHEST)
-    slot = jnp.arange(n)[None, None, :]  # [1, 1, n]
-    rel = slot - lengths[:, None, None]  # window row of each slot (negative: the prefix)
-    in_window = (rel >= 0) & (rel < t)
+    new_cache = layers.write_kv(cache, k, v, slots)
+    rel = jnp.arange(cache.capacity)[None, None, :] - lengths[:, None, None]  # window row of a slot
     mask = jnp.asarray(tree.ancestor_mask)  # [R (query), R (key)]
     tree_ok = jnp.take_along_axis(
         jnp.broadcast_to(mask[None], (b, t, t)),
-        jnp.broadcast_to(jnp.clip(rel, 0, t - 1), (b, t, n)),
+        jnp.broadcast_to(jnp.clip(rel, 0, t - 1), (b, t, cache.capacity)),
         axis=2,
     )
-    visible = (rel < 0) | (in_window & tree_ok)  # [b, R, n]
-    s = jnp.where(visible[:, None, None], s, -jnp.inf)
-    probs = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bgrts,bgds->btgrd", probs, new_v.astype(jnp.float32), precision=HIGHEST)
-    o = o.reshape(b, t, hq, d)
-    return layers.attention_output(p, o, gate, x.dtype), AttentionCache(new_k, new_v)
+    visible = (rel < 0) | ((rel < t) & tree_ok)  # [b, R, n]: the prefix, then the row's path
+    o = layers.masked_cache_attention(q, new_cache.k, new_cache.v, visible)
+    return layers.attention_output(p, o, gate, x.dtype), new_cache
 
 
 def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree):
     """GDN of every tree row from its parent's state and its path's conv inputs. ``active`` [b]
     bool: inactive sequences leave no trace (g = 0, beta = 0). Returns (out [b, R, H], the
     cache unchanged, ``GDNCommit`` with per-node states and path-cumulative decays)."""
-    b, t, _ = x.shape
-    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
-    dk, dv = config.linear_key_head_dim, config.linear_value_head_dim
-    mixed, z, b_in, a = layers.projections(x, p, FUSED["gdn"])
-    mixed = mixed.astype(x.dtype)
-    z = z.reshape(b, t, hv, dv)
-    beta = jax.nn.sigmoid(b_in)
-    g = -jnp.exp(p["A_log"].astype(jnp.float32)) * jax.nn.softplus(
-        a + p["dt_bias"].astype(jnp.float32)
-    )
-    g = jnp.where(active[:, None, None], g, 0.0)
-    beta = jnp.where(active[:, None, None], beta, 0.0)
+    mixed, z, g, beta = layers.gdn_inputs(config, p, x, active[:, None])
     taps = tree.conv_taps(p["conv"].shape[1])
     conv_out = ops.causal_conv1d_tree(mixed, p["conv"], cache.conv, taps)
-    q, k, v = jnp.split(conv_out.astype(jnp.float32), [hk * dk, 2 * hk * dk], axis=-1)
-    q = ops.l2_norm(q.reshape(b, t, hk, dk))
-    k = ops.l2_norm(k.reshape(b, t, hk, dk))
-    v = v.reshape(b, t, hv, dv)
+    q, k, v = layers.gdn_qkv(config, conv_out)
     o, aux = ops.gated_delta_rule_tree(q, k, v, g, beta, cache.state, tree.parent, tree.levels)
-    o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
-    out = layers.linear(o.reshape(b, t, hv * dv).astype(x.dtype), p["w_out"])
-    k_heads = ops.expand_key_heads(k, hv)
+    k_heads = ops.expand_key_heads(k, config.linear_num_value_heads)
+    out = layers.gdn_output(config, p, o, z, x.dtype)
     return out, cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
 
 
