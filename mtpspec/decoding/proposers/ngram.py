@@ -16,6 +16,24 @@ import jax.numpy as jnp
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 
 
+def match_ends(hist, hist_len, n_min: int, n_max: int) -> jax.Array:
+    """[b, size] bool: the ends p of the earlier occurrences of the history's last n tokens, for
+    the longest n in n_max..n_min that occurs (a longer n overrides a shorter one)."""
+    b, size = hist.shape
+    pos = jnp.arange(size)[None, :]  # candidate match end p (the match is hist[p−n+1 .. p])
+    last = hist_len - 1
+    found = jnp.zeros((b, size), bool)
+    eq_all = jnp.ones((b, size), bool)
+    for j in range(n_max):
+        shifted = jnp.roll(hist, j, axis=1)  # shifted[p] = hist[p − j]
+        tail = jnp.take_along_axis(hist, jnp.maximum(last - j, 0)[:, None], 1)
+        eq_all = eq_all & (shifted == tail) & (pos - j >= 0)
+        if j + 1 >= n_min:
+            ok = eq_all & (pos < last[:, None])  # earlier than the suffix itself
+            found = jnp.where(jnp.any(ok, axis=1, keepdims=True), ok, found)
+    return found
+
+
 def ngram_propose(
     hist: jax.Array,  # [b, n] int32: prompt + emitted tokens (pending included)
     hist_len: jax.Array,  # [b] int32
@@ -27,43 +45,16 @@ def ngram_propose(
     n_max..n_min first) and propose the k tokens that followed it. Positions past the history and
     sequences with no match propose the last token (drafts must only be valid ids; a bad draft
     costs acceptance, never correctness)."""
-    b, size = hist.shape
-    pos = jnp.arange(size)[None, :]  # candidate match end p (the match is hist[p−n+1 .. p])
+    size = hist.shape[1]
+    pos = jnp.arange(size)[None, :]
     last = hist_len - 1  # index of the pending token
-    best = jnp.full((b,), -1, jnp.int32)
-    eq_all = jnp.ones((b, size), bool)
-    for j in range(n_max):
-        shifted = jnp.roll(hist, j, axis=1)  # shifted[p] = hist[p − j]
-        tail = jnp.take_along_axis(hist, jnp.maximum(last - j, 0)[:, None], 1)
-        eq_all = eq_all & (shifted == tail) & (pos - j >= 0)
-        n = j + 1
-        if n >= n_min:
-            ok = eq_all & (pos < last[:, None])  # earlier than the suffix itself
-            cand = jnp.max(jnp.where(ok, pos, -1), axis=1).astype(jnp.int32)
-            best = jnp.where(cand >= 0, cand, best)  # longer n (later j) overrides shorter
+    ends = match_ends(hist, hist_len, n_min, n_max)
+    best = jnp.max(jnp.where(ends, pos, -1), axis=1).astype(jnp.int32)  # the latest, or -1
     idx = best[:, None] + 1 + jnp.arange(k)[None, :]
     fallback = jnp.take_along_axis(hist, last[:, None], 1)
     ok = (best[:, None] >= 0) & (idx <= last[:, None])
     drafts = jnp.take_along_axis(hist, jnp.clip(idx, 0, size - 1), 1)
     return jnp.where(ok, drafts, fallback).astype(jnp.int32)
-
-
-def _match_ends(hist, hist_len, n_min: int, n_max: int) -> jax.Array:
-    """[b, size] bool: the ends p of the earlier occurrences of the history's last n tokens, for
-    the longest n in n_max..n_min that occurs (as ``ngram_propose`` picks its match)."""
-    b, size = hist.shape
-    pos = jnp.arange(size)[None, :]
-    last = hist_len - 1
-    found = jnp.zeros((b, size), bool)
-    eq_all = jnp.ones((b, size), bool)
-    for j in range(n_max):
-        shifted = jnp.roll(hist, j, axis=1)
-        tail = jnp.take_along_axis(hist, jnp.maximum(last - j, 0)[:, None], 1)
-        eq_all = eq_all & (shifted == tail) & (pos - j >= 0)
-        if j + 1 >= n_min:
-            ok = eq_all & (pos < last[:, None])
-            found = jnp.where(jnp.any(ok, axis=1, keepdims=True), ok, found)
-    return found
 
 
 def ngram_tree_propose(hist, hist_len, tree, n_min: int, n_max: int) -> jax.Array:
@@ -76,7 +67,7 @@ def ngram_tree_propose(hist, hist_len, tree, n_min: int, n_max: int) -> jax.Arra
     pos = jnp.arange(size)[None, :]
     last = hist_len - 1
     fallback = jnp.take_along_axis(hist, last[:, None], 1)  # [b, 1]
-    cand = _match_ends(hist, hist_len, n_min, n_max)[:, None, :]  # [b, nodes of a depth, size]
+    cand = match_ends(hist, hist_len, n_min, n_max)[:, None, :]  # [b, nodes of a depth, size]
     levels = []
     for i, width in enumerate(tree.branching):
         at = pos + i + 1  # the token i + 1 after a match end
