@@ -426,8 +426,8 @@ def main(argv):
     plain_tps, plain_decode = print_rows(chains, timed, run["repeats"])
     print("alpha (i.i.d. fit to per-position acceptance): "
           + ", ".join(f"{p} {a:.3f}" for p, a in alpha.items()))  # fmt: skip
+    mtp = [r for r in rows if r["proposer"] == "mtp"]
     if shapes:
-        mtp = [r for r in rows if r["proposer"] == "mtp"]
         print("\nchains and trees (mtp; w/step: the verify window ÷ a step, in-loop):")
         print(analysis.tree_table(mtp, costs))
     memory = memory_report(pieces, ks[-1], commits)
@@ -458,7 +458,6 @@ def main(argv):
         analysis.plot_sweep(chains, alpha, str(out / "speedup_tau_vs_k.png"), title=title)
         print(f"plots: {out / 'speedup_tau_vs_k.png'}")
         if shapes:
-            mtp = [r for r in rows if r["proposer"] == "mtp"]
             analysis.plot_nodes(mtp, str(out / "tau_speedup_vs_nodes.png"), title=title)
             print(f"plots: {out / 'tau_speedup_vs_nodes.png'}")
     cli.write_json({

@@ -104,13 +104,19 @@ def _path_tokens(tree, tokens, r):
     return tokens[:, tree.path[r, : tree.row_depth[r] + 1]]
 
 
+def _tree_window(model, shape, seed, active=(True, True)):
+    """(tree, random tokens [2, R], the tree window's output) on the prefilled ``model``."""
+    config, params, state = model
+    tree = TreeShape(shape)
+    tokens = jax.random.randint(jax.random.key(seed), (2, tree.rows), 0, config.vocab_size)
+    out = mtree.window_step_tree(config, params, state, tokens, tree, jnp.array(active))
+    return tree, tokens, out
+
+
 @pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2)])
 def test_every_tree_row_gives_a_chain_over_its_path(model, shape):
     config, params, state = model
-    tree = TreeShape(shape)
-    tokens = jax.random.randint(jax.random.key(1), (2, tree.rows), 0, config.vocab_size)
-    active = jnp.array([True, True])
-    out = mtree.window_step_tree(config, params, state, tokens, tree, active)
+    tree, tokens, out = _tree_window(model, shape, seed=1)
     assert out.logits.shape == (2, tree.rows, config.vocab_size)
     for r in range(tree.rows):
         chain = _chain(config, params, state, _path_tokens(tree, tokens, r))
@@ -118,7 +124,7 @@ def test_every_tree_row_gives_a_chain_over_its_path(model, shape):
         assert rel_err(out.hidden[:, r], chain.hidden[:, -1]) < 1e-4, r
 
 
-def _assert_states_equal(got, want, n_keep, tol=1e-5):
+def _assert_states_equal(got, want, tol=1e-5):
     """GDN state and conv window, and attention KV of the live prefix, lengths."""
     np.testing.assert_array_equal(got.lengths, want.lengths)
     for a, b in zip(got.layers, want.layers, strict=True):
@@ -134,10 +140,7 @@ def _assert_states_equal(got, want, n_keep, tol=1e-5):
 @pytest.mark.parametrize("shape", [(2, 2), (1, 3, 2)])
 def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
     config, params, state = model
-    tree = TreeShape(shape)
-    tokens = jax.random.randint(jax.random.key(2), (2, tree.rows), 0, config.vocab_size)
-    active = jnp.array([True, True])
-    out = mtree.window_step_tree(config, params, state, tokens, tree, active)
+    tree, tokens, out = _tree_window(model, shape, seed=2)
     commit = jax.jit(dtree.commit_path, static_argnames=("tree", "strategy"))
     for r in range(tree.rows):
         node = jnp.array([r, r], jnp.int32)
@@ -145,7 +148,7 @@ def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
         want = _chain(config, params, state, _path_tokens(tree, tokens, r)).state
         for strategy in COMMIT_STRATEGIES:
             got = commit(state, out.state, out.commit, node, n, tree=tree, strategy=strategy)
-            _assert_states_equal(got, want, n)
+            _assert_states_equal(got, want)
         # negative controls: keeping the GDN caches as the window left them (a KV-only rewind),
         # or committing a sibling's path of the same depth, both give another state
         kv_only = out.state._replace(lengths=state.lengths + n)
@@ -159,10 +162,8 @@ def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
 
 
 def test_an_inactive_sequence_keeps_its_state(model):
-    config, params, state = model
-    tree = TreeShape((2, 2))
-    tokens = jax.random.randint(jax.random.key(3), (2, tree.rows), 0, config.vocab_size)
-    out = mtree.window_step_tree(config, params, state, tokens, tree, jnp.array([True, False]))
+    state = model[2]
+    tree, _, out = _tree_window(model, (2, 2), seed=3, active=(True, False))
     node, n = jnp.array([4, 0], jnp.int32), jnp.array([3, 0], jnp.int32)
     for strategy in COMMIT_STRATEGIES:
         got = dtree.commit_path(state, out.state, out.commit, node, n, tree, strategy)

@@ -48,9 +48,6 @@ from mtpspec.analysis.timing import (
 from mtpspec.analysis.trees import plot_nodes, tree_costs, tree_table
 
 __all__ = [
-    "plot_nodes",
-    "tree_costs",
-    "tree_table",
     "PIECES",
     "PLAIN",
     "PLAIN_XLA",
@@ -69,6 +66,7 @@ __all__ = [
     "matmul_row_scaling",
     "median_seconds",
     "piece_costs",
+    "plot_nodes",
     "plot_sweep",
     "run_point",
     "spec_for",
@@ -77,4 +75,6 @@ __all__ = [
     "sweep",
     "throughput",
     "tree_bytes",
+    "tree_costs",
+    "tree_table",
 ]

@@ -34,25 +34,25 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
     state = program.prefill_jit(prep.key, *prep.args).state
     vocab = config.vocab_size
 
+    def job(forward, t):  # one t-row window per iteration, its next input from its output
+        def body(c, tok):
+            p, st = c
+            out = forward(p, st, jnp.full((1, t), tok, jnp.int32))
+            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
+
+        return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
+
     def chain(t):
         method = host.window_gdn_method(config, "auto", t, sharded=False)
-
-        def body(c, tok):
-            p, st = c
-            out = decoder.window_step_impl(config, p, st, jnp.full((1, t), tok, jnp.int32),
-                                           jnp.array([t], jnp.int32), method)  # fmt: skip
-            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
-
-        return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
+        valid = jnp.array([t], jnp.int32)
+        return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
 
     def tree(shape):
-        def body(c, tok):
-            p, st = c
-            toks = jnp.full((1, shape.rows), tok, jnp.int32)
-            out = mtree.window_step_tree_impl(config, p, st, toks, shape, jnp.array([True]))
-            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
-
-        return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
+        active = jnp.array([True])
+        return job(
+            lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active),
+            shape.rows,
+        )
 
     jobs = {("chain", t): chain(t) for t in range(1, max(s.depth for s in shapes) + 2)}
     jobs.update({("tree", s.branching): tree(s) for s in shapes})

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from mtpspec.decoding.commit import commit_gdn
 from mtpspec.decoding.sampling import tree_speculative_accept
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
-from mtpspec.models.tree import TreeShape
+from mtpspec.models.tree import TreeShape, window_step_tree_impl
 from mtpspec.ops import GDNAux
 
 
@@ -100,31 +100,14 @@ def commit_path(
     return verified._replace(layers=tuple(out), lengths=snapshot.lengths + n)
 
 
-def tree_tokens(tree: TreeShape, pending, drafts):
-    """The window's tokens [b, R]: the pending token (root) then the drafts of rows 1..R−1."""
-    return jnp.concatenate([pending[:, None], drafts], axis=1)
-
-
-__all__ = [
-    "accept_greedy",
-    "commit_path",
-    "path_commit",
-    "path_rows",
-    "tree_tokens",
-    "verify_accept_commit",
-]
-
-
 def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, active, draws):
     """One tree window of the decoding loop: verify every node, accept a path (greedy: the
     deepest matching; sampling: ``sampling.tree_speculative_accept`` with the drafts' q and
     ``draws``), commit it. Returns the chain-shaped results the loop goes on with: (the
     path's drafts [b, d], accepted a [b], new token [b], n [b] (0 when inactive), the committed
     state, logits and hidden of the path's rows [b, d + 1, ...], the accepted row [b])."""
-    from mtpspec.models.tree import window_step_tree_impl
-
     shape = s.tree
-    tokens = tree_tokens(shape, pending, drafts)
+    tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # the root, then rows 1..R−1
     verified = window_step_tree_impl(s.config, params, state, tokens, shape, active)
     if s.sampling.greedy:
         node, n, token = accept_greedy(shape, verified.logits, tokens)
@@ -139,3 +122,6 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, acti
     logits, hidden = _along(verified.logits, rows), _along(verified.hidden, rows)
     accepted = jnp.maximum(n - 1, 0)
     return path_drafts, accepted, token, n, committed, logits, hidden, node
+
+
+__all__ = ["accept_greedy", "commit_path", "path_commit", "path_rows", "verify_accept_commit"]

@@ -148,10 +148,6 @@ class TreeShape:
                     taps[r, i] = (width - 1) - (back - dep)
         return taps
 
-    def draft_rows(self) -> np.ndarray:
-        """[nodes] int: the window rows of the draft nodes (1..rows − 1)."""
-        return np.arange(1, self.rows, dtype=np.int32)
-
 
 def check_tree(tree) -> TreeShape:
     """A ``TreeShape`` from a TreeShape or a sequence of branching factors (Python or NumPy ints;

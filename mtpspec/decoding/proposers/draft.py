@@ -123,15 +123,13 @@ class DraftModelProposer(Proposer):
         shape = s.tree
         b = pending.shape[0]
         tokens = jnp.zeros((b, shape.rows), jnp.int32).at[:, 0].set(pending)
-        q = None
+        q = jnp.zeros((b, shape.rows, 0 if s.sampling.greedy else self.config.vocab_size))
         select = greedy_select if s.sampling.greedy else sampled_children(key)
         for i, (lo, hi) in enumerate(shape.levels[:-1]):
             out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
             ids, q_i = select(out.logits[:, lo:hi], shape.branching[i], i)
             nxt_lo, nxt_hi = shape.levels[i + 1]
             tokens = tokens.at[:, nxt_lo:nxt_hi].set(ids.reshape(b, -1))
-            if q is None:
-                q = jnp.zeros((b, shape.rows, q_i.shape[-1]), jnp.float32)
             q = q.at[:, nxt_lo:nxt_hi].set(per_child(q_i))
         out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
         return Proposal(tokens[:, 1:], q, scratch=(out.state, out.commit))
