@@ -60,6 +60,20 @@ def test_a_window_equals_its_rows_one_at_a_time_bit_for_bit():
 
 
 @built
+@pytest.mark.parametrize("t", [1, 4, 37])
+def test_the_helper_thread_changes_no_bit(monkeypatch, t):
+    """Query rows are shared with a helper thread of XLA's pool in chunks: whichever thread runs a
+    row, its arithmetic is the same."""
+    q, k, v, pos = _inputs(10 + t, 2, t, 8, 2, 64, 300)
+    got = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu_attention, "THREADS", threads)
+        got.append(np.asarray(jax.jit(lambda *a: cpu_attention.apply(*a, 0.125))(q, k, v, pos)))
+    for o in got[1:]:
+        np.testing.assert_array_equal(o, got[0])
+
+
+@built
 def test_only_the_live_prefix_is_read():
     """Slots beyond each query's position (stale rows of a rewound cache) never matter: NaN there
     changes nothing."""

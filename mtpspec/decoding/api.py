@@ -107,7 +107,7 @@ def prepare(
     attention       "auto" | "xla" | "ffi": how decode steps and verify windows attend over the
                     KV cache: "ffi" is the C++ CPU kernel (the live prefix only), "xla" XLA's
                     form; chosen like ``linear`` ("auto" also wants a float32 cache). Prefills
-                    and windows beyond ``cpu_attention.MAX_T`` (320) tokens, and tree windows
+                    and windows beyond ``cpu_attention.MAX_T`` (2048) tokens, and tree windows
                     (``SpecConfig.tree``: an ancestor mask), use XLA's form.
     """
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):

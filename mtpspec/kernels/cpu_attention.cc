@@ -9,14 +9,18 @@
 // Query row (ti, h) reads kv head h / (hq / g) at cache slots 0 .. positions[b, ti] (the cache
 // already holds the window's own keys): only the live prefix is read, not the whole capacity.
 // Each row's arithmetic is independent of the others and of the window length (a step and a
-// window give bit-identical rows for the same inputs). Single-threaded.
+// window give bit-identical rows for the same inputs). Rows are shared with helper tasks on XLA's
+// intra-op pool (`threads` in all, the caller included) when a call has enough work.
 //
 // Built with cpu_linear.cc and cpu_gdn.cc into one library; loaded by cpu_attention.py.
 
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <vector>
 
@@ -103,9 +107,13 @@ __attribute__((target("avx2,fma"))) void Row(const float* q, const float* k, con
   for (int64_t i = 0; i < d; ++i) o[i] = Dot(p, vt + i * n, len) * inv;
 }
 
-ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+// Below this much work (query rows x live slots x head width, at most) a call runs on the caller
+// alone: a hand-off to the pool costs about a microsecond.
+constexpr int64_t kMinShared = 16 * 1024;
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                      ffi::Buffer<ffi::S32> positions, ffi::ResultBuffer<ffi::F32> o,
-                     float scale) {
+                     float scale, int64_t threads) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   auto pd = positions.dimensions(), od = o->dimensions();
   if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || pd.size() != 2 || od.size() != 4) {
@@ -119,25 +127,50 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
       od[2] != hq || od[3] != d || n <= 0) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_attention: shapes do not match");
   }
-  const int64_t ratio = hq / g;
-  std::vector<float> p(n), qs(d);
+  const int64_t ratio = hq / g, units = b * t * hq;
   const float* qp = q.typed_data();
+  const float* kp = k.typed_data();
+  const float* vp = v.typed_data();
   const int32_t* pos = positions.typed_data();
   float* op = o->typed_data();
-  for (int64_t bi = 0; bi < b; ++bi) {
-    for (int64_t ti = 0; ti < t; ++ti) {
+  // query rows [u0, u1) of the flattened (batch, query, head) order
+  auto rows = [=](int64_t u0, int64_t u1) {
+    std::vector<float> p(n), qs(d);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u % hq, bt = u / hq, bi = bt / t;
       // slots 0..pos visible; a padded query past the capacity reads all of it (its output is
       // never used), a negative position reads slot 0
-      const int64_t len = std::clamp<int64_t>(int64_t{pos[bi * t + ti]} + 1, 1, n);
-      for (int64_t h = 0; h < hq; ++h) {
-        const int64_t gi = h / ratio;
-        const int64_t row = ((bi * t + ti) * hq + h) * d;
-        Row(qp + row, k.typed_data() + (bi * g + gi) * n * d,
-            v.typed_data() + (bi * g + gi) * d * n, d, n, len, scale, p.data(), qs.data(),
-            op + row);
+      const int64_t len = std::clamp<int64_t>(int64_t{pos[bt]} + 1, 1, n);
+      const int64_t gi = h / ratio;
+      Row(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len, scale,
+          p.data(), qs.data(), op + u * d);
+    }
+  };
+  const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
+  if (helpers <= 0 || units < 2 || units * n * d < kMinShared) {
+    rows(0, units);
+    return ffi::Error::Success();
+  }
+  // shared with helper tasks on XLA's intra-op pool, chunk by chunk (as in cpu_linear.cc); held
+  // by shared_ptr because a helper may start after the caller has returned
+  struct Work {
+    std::function<void(int64_t, int64_t)> rows;
+    int64_t units, chunks;
+    std::atomic<int64_t> next{0}, done{0};
+    void Run() {
+      for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
+        rows(c * units / chunks, (c + 1) * units / chunks);
+        done.fetch_add(1, std::memory_order_release);
       }
     }
-  }
+  };
+  auto work = std::make_shared<Work>();
+  work->rows = rows;
+  work->units = units;
+  work->chunks = std::min<int64_t>(units, 8 * (helpers + 1));
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Run(); });
+  work->Run();
+  while (work->done.load(std::memory_order_acquire) < work->chunks) _mm_pause();
   return ffi::Error::Success();
 }
 
@@ -145,9 +178,11 @@ ffi::Error Attention(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuAttention, Attention,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()  // q
                                   .Arg<ffi::Buffer<ffi::F32>>()  // k cache
                                   .Arg<ffi::Buffer<ffi::F32>>()  // v cache (transposed)
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions
                                   .Ret<ffi::Buffer<ffi::F32>>()  // o
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));

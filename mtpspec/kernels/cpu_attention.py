@@ -7,16 +7,21 @@
 q [b, t, hq, d]; the cache as the decode state keeps it, k [b, g, n, d] and v transposed
 [b, g, d, n], already holding the window's own keys; positions [b, t] int32: query i reads slots
 0..positions[i] (only the live prefix, not the whole capacity). Returns o [b, t, hq, d] float32.
-Single-threaded; a row's arithmetic does not depend on the window length. No gradient: decoding
-only — ``models.layers.attention`` uses it where decoding's ``attention`` option resolved to
-"ffi", for windows of up to ``MAX_T`` tokens: decode steps, verify windows and prefills of up to
-320 tokens (bucketed prompt length); longer prefills use XLA's form. The kernel walks each
-query's live prefix on one thread, so its cost grows as t²: at the default model's attention
-shape it took 0.71-0.90 of XLA's time at t = 160-320 and 1.10 at 384 (BUILD_NOTES.md, fifth
-session).
+A call's query rows are shared between the caller and one helper thread of XLA's pool
+(``THREADS``); a row's arithmetic depends neither on the window length nor on the thread. No
+gradient: decoding only. ``models.layers.attention`` uses it where decoding's ``attention``
+option resolved to "ffi", for windows of up to ``MAX_T`` tokens: decode steps, verify windows
+and prefills of up to 2048 tokens (bucketed prompt length); longer prefills use XLA's form.
+Each query walks its live prefix, so the cost grows as t², as XLA's form's does: with the rows
+shared by two threads it took 0.28-0.54 of ``layers.cached_attention``'s time at the default
+model's heads for t = 160-2048, and prefills of 300 / 700 / 1500 tokens took 0.94 / 0.86 / 0.77
+of the time with ``attention="xla"`` (BUILD_NOTES.md, sixth session; single-threaded it had
+lost from t = 384 on).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +30,9 @@ import numpy as np
 from mtpspec.kernels import library
 
 TARGET = "mtpspec_cpu_attention"
-MAX_T = 320  # window tokens up to which decoding uses the kernel
+MAX_T = 2048  # window tokens up to which decoding uses the kernel
+# caller + one pool helper share a call's query rows (1: the caller alone); read when traced
+THREADS = int(os.environ.get("MTPSPEC_CPU_ATTENTION_THREADS", "2"))
 
 KERNEL = library.Target(
     TARGET, "MtpspecCpuAttention", "the native attention needs the C++ CPU kernels"
@@ -47,4 +54,5 @@ def apply(q, k_cache, v_cache, positions, scale: float) -> jax.Array:
         v_cache.astype(f32),
         positions.astype(jnp.int32),
         scale=np.float32(scale),
+        threads=np.int64(THREADS),
     )
