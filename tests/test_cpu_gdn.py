@@ -140,3 +140,31 @@ def test_decoding_without_the_kernel_gives_the_same_tokens(model, monkeypatch):
             max_new_tokens=4,
             speculative=decoding.SpecConfig("ngram", 2, verify_method="ffi"),
         )
+
+
+@built
+@pytest.mark.parametrize("dims", [(4, 16, 24), (2, 64, 64), (3, 8, 5)])
+def test_native_replay_commit_equals_the_closed_form_for_every_count(dims):
+    """``cpu_gdn.commit`` (the "replay" commit in C++) against ``ops.state_after`` for every n in
+    0..t on every row, key and value widths unequal and not multiples of 8 included."""
+    h, dk, dv = dims
+    rng = np.random.default_rng(h * dk + dv)
+    b, t = 3, 5
+    s0 = jnp.asarray(rng.standard_normal((b, h, dk, dv)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((b, t, h, dk)), jnp.float32)
+    u = jnp.asarray(rng.standard_normal((b, t, h, dv)), jnp.float32)
+    g_cum = jnp.cumsum(-jnp.asarray(rng.random((b, t, h)), jnp.float32) * 2.0, axis=1)
+    native = jax.jit(cpu_gdn.commit)
+    for j in range(t + 1):
+        n = jnp.asarray([j, t - j, min(j + 2, t)], jnp.int32)
+        want = ops.state_after(s0, k, ops.GDNAux(u, g_cum), n)
+        assert rel_err(native(s0, k, u, g_cum, n), want) <= 1e-6, j
+    assert np.array_equal(native(s0, k, u, g_cum, jnp.zeros((b,), jnp.int32)), s0)  # n = 0: S_0
+
+
+@built
+def test_native_replay_commit_refuses_windows_beyond_its_limit():
+    t = cpu_gdn.COMMIT_MAX_T + 1
+    z = jnp.zeros
+    with pytest.raises(ValueError, match="up to 64"):
+        cpu_gdn.commit(z((1, 1, 4, 4)), z((1, t, 1, 4)), z((1, t, 1, 4)), z((1, t, 1)), z((1,)))

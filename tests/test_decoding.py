@@ -16,6 +16,7 @@ import mtpspec
 from mtpspec import checkpoints, models
 from mtpspec import config as C
 from mtpspec.decoding import commit_window, ngram_propose, rewind_kv_only
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models import GDNCache
 from tests.gdn_testing import rel_err
 
@@ -41,8 +42,15 @@ def plain_moe(moe_model):
 # ---- commit --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", ["scan", "states", "replay"])
-def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strategy):
+@pytest.mark.parametrize(
+    "strategy, native",
+    [("scan", False), ("states", False), ("replay", False), ("replay", True)],
+)
+def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strategy, native):
+    """Every strategy, and "replay" through the C++ closed form (``native``: what decoding uses
+    where the window's GDN ran the C++ kernel)."""
+    if native and not cpu_gdn.available():
+        pytest.skip(cpu_gdn.status()[1])
     config, params = moe_model
     k = 4
     seq = jax.random.randint(jax.random.key(7), (2, 6 + k + 1), 0, config.vocab_size)
@@ -51,7 +59,7 @@ def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strate
     verified = models.window_step(config, params, snapshot, window, gdn_states=strategy == "states")
     for j in range(k + 2):
         n = jnp.asarray([j, k + 1 - j], jnp.int32)
-        got = commit_window(snapshot, verified.state, verified.commit, n, strategy)
+        got = commit_window(snapshot, verified.state, verified.commit, n, strategy, native)
         fresh = models.window_step(config, params, snapshot, window, n).state
         np.testing.assert_array_equal(got.lengths, fresh.lengths)
         for a, b in zip(got.layers, fresh.layers, strict=True):

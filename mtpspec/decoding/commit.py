@@ -10,7 +10,8 @@ positions per sequence (n = 0 leaves the snapshot unchanged):
     "states"  select the per-position state S_n that verification returned (needs
               ``gdn_states=True`` in the verify pass).
     "replay"  closed form S_n = e^{G_n} S_0 + Σ_{i≤n} e^{G_n − G_i} k_i u_iᵀ from the u_t the
-              verify pass already computed (``ops.state_after``).
+              verify pass already computed (``ops.state_after``; with ``native``, set where the
+              window's GDN ran the C++ kernel, one C++ call per layer, ``cpu_gdn.commit``).
   GDN conv window: slice of [old window ‖ window inputs] at offset n.
   Attention KV (target): the verified cache with length L + n; rows beyond are stale, masked.
 """
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec import ops
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
 
 COMMIT_STRATEGIES = ("scan", "states", "replay")
@@ -56,9 +58,15 @@ def _select_state(state0, commit: GDNCommit, n):
     return jnp.where((n > 0)[:, None, None, None], picked, state0)
 
 
-def commit_gdn(cache0: GDNCache, commit: GDNCommit, n: jax.Array, strategy: str) -> GDNCache:
-    """The GDN cache after the first ``n`` [b] positions of the verified window."""
-    if strategy == "scan":
+def commit_gdn(
+    cache0: GDNCache, commit: GDNCommit, n: jax.Array, strategy: str, native: bool = False
+) -> GDNCache:
+    """The GDN cache after the first ``n`` [b] positions of the verified window. ``native``: the
+    "replay" strategy runs the C++ closed form (``cpu_gdn.commit``; windows of up to
+    ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form)."""
+    if strategy == "replay" and native and commit.k.shape[1] <= cpu_gdn.COMMIT_MAX_T:
+        state = cpu_gdn.commit(cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n)
+    elif strategy == "scan":
         state = _scan_state(cache0.state, commit, n)
     elif strategy == "states":
         state = _select_state(cache0.state, commit, n)
@@ -78,12 +86,13 @@ def commit_window(
     commits: tuple,  # per layer: GDNCommit, or AttentionCommit (nothing to keep)
     n: jax.Array,  # [b] int32: window positions to keep
     strategy: str,
+    native: bool = False,  # the window's GDN ran the C++ kernel: so does a "replay" commit
 ) -> DecodeState:
     """The target state holding exactly the first ``n`` window positions."""
     layers = []
     for before, after, data in zip(snapshot.layers, verified.layers, commits, strict=True):
         if isinstance(before, GDNCache):
-            layers.append(commit_gdn(before, data, n, strategy))
+            layers.append(commit_gdn(before, data, n, strategy, native))
         else:  # attention: keep the written KV, rewind the length
             layers.append(after)
     return verified._replace(layers=tuple(layers), lengths=snapshot.lengths + n)

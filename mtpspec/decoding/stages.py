@@ -49,7 +49,8 @@ def commit(s, snapshot: DecodeState, verified: StepOutput, n) -> DecodeState:
     """The target state after exactly the first ``n`` [b] window positions."""
     if not s.k:  # plain decoding: the window is exactly the accepted prefix
         return verified.state
-    return commit_window(snapshot, verified.state, verified.commit, n, s.commit)
+    native = s.verify_method == "ffi"  # the window's GDN ran the C++ kernel: so does "replay"
+    return commit_window(snapshot, verified.state, verified.commit, n, s.commit, native)
 
 
 class Emitted(NamedTuple):

@@ -10,6 +10,9 @@
 //
 // Built with cpu_linear.cc into one library; loaded by mtpspec/kernels/cpu_gdn.py.
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -113,6 +116,67 @@ ffi::Error GdnWindow(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buff
   return ffi::Error::Success();
 }
 
+// The "replay" commit of a verified window: the state after its first n positions, in closed
+// form from what the window kept (k expanded to value heads, u, cumulative log-decays G):
+//     S_n = e^{G_n} S_0 + sum_{i < n} e^{G_n - G_i} k_i u_i^T      (G_n = 0 when n = 0)
+// one row of S (dv wide) at a time: a scale and n fused multiply-adds. In place of the masked
+// batched matmul, its transposes and exp fusions that XLA:CPU compiles the same formula to.
+__attribute__((target("avx2,fma"))) void CommitHead(int64_t nn, int64_t dk, int64_t dv,
+                                                    int64_t k_stride, int64_t u_stride,
+                                                    int64_t g_stride, const float* s0,
+                                                    const float* k, const float* u,
+                                                    const float* gc, float* out) {
+  const float gn = nn > 0 ? gc[(nn - 1) * g_stride] : 0.0f;
+  const float decay = std::exp(gn);
+  float w[64];
+  for (int64_t i = 0; i < nn; ++i) w[i] = std::exp(gn - gc[i * g_stride]);
+  for (int64_t r = 0; r < dk; ++r) {
+    const float* sr = s0 + r * dv;
+    float* o = out + r * dv;
+    float c[64];
+    for (int64_t i = 0; i < nn; ++i) c[i] = w[i] * k[i * k_stride + r];
+    int64_t j = 0;
+    const __m256 dec = _mm256_set1_ps(decay);
+    for (; j + 8 <= dv; j += 8) {
+      __m256 acc = _mm256_mul_ps(dec, _mm256_loadu_ps(sr + j));
+      for (int64_t i = 0; i < nn; ++i)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(c[i]), _mm256_loadu_ps(u + i * u_stride + j), acc);
+      _mm256_storeu_ps(o + j, acc);
+    }
+    for (; j < dv; ++j) {
+      float acc = decay * sr[j];
+      for (int64_t i = 0; i < nn; ++i) acc = std::fma(c[i], u[i * u_stride + j], acc);
+      o[j] = acc;
+    }
+  }
+}
+
+ffi::Error GdnCommit(ffi::Buffer<ffi::F32> state0, ffi::Buffer<ffi::F32> k,
+                     ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> g_cum,
+                     ffi::Buffer<ffi::S32> n, ffi::ResultBuffer<ffi::F32> out) {
+  auto sd = state0.dimensions(), kd = k.dimensions();
+  if (sd.size() != 4 || kd.size() != 4) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_gdn_commit: expected state0 [b, h, dk, dv], k [b, t, h, dk]");
+  }
+  const int64_t b = sd[0], h = sd[1], dk = sd[2], dv = sd[3], t = kd[1];
+  if (!Dims(kd, {b, t, h, dk}) || !Dims(u.dimensions(), {b, t, h, dv}) ||
+      !Dims(g_cum.dimensions(), {b, t, h}) || !Dims(n.dimensions(), {b}) ||
+      !Dims(out->dimensions(), {b, h, dk, dv}) || t > 64) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_commit: shapes do not match");
+  }
+  for (int64_t bi = 0; bi < b; ++bi) {
+    const int64_t nn = std::clamp<int64_t>(n.typed_data()[bi], 0, t);
+    for (int64_t hi = 0; hi < h; ++hi) {
+      const int64_t hs = (bi * h + hi) * dk * dv;
+      CommitHead(nn, dk, dv, h * dk, h * dv, h, state0.typed_data() + hs,
+                 k.typed_data() + (bi * t * h + hi) * dk, u.typed_data() + (bi * t * h + hi) * dv,
+                 g_cum.typed_data() + bi * t * h + hi, out->typed_data() + hs);
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdn, GdnWindow,
@@ -128,3 +192,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdn, GdnWindow,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // u
                                   .Ret<ffi::Buffer<ffi::F32>>()  // states, or empty
                                   .Attr<float>("scale"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnCommit, GdnCommit,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // state before the window
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k, expanded to value heads
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // u
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // cumulative log-decays
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // positions kept
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // state after them

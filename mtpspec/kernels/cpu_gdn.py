@@ -3,12 +3,18 @@ target: one native call per GDN layer for a decode step or a verify window.
 
     ok, why = status()
     o, final, u, states = apply(q, k, v, g, beta, state0, scale, return_states)
+    state_n = commit(state0, k, u, g_cum, n)   # the "replay" commit, natively
 
 q, k [b, t, hk, dk] (key heads not expanded: value head h reads key head h // (hv // hk)),
 v [b, t, hv, dv], g (log-decay, already clamped to ``G_FLOOR``) and beta [b, t, hv], state0
 [b, hv, dk, dv]; all float32. Returns o and u [b, t, hv, dv], the final state and, with
 ``return_states``, every per-position state [b, t, hv, dk, dv] (else None). Single-threaded; a
 token's arithmetic is the same whatever the window length. No gradient: decoding only.
+
+``commit`` is the "replay" commit (``ops.state_after``) of a verified window: the state after its
+first ``n`` [b] positions, S_n = e^{G_n} S_0 + Σ_{i<n} e^{G_n − G_i} k_i u_iᵀ, from k expanded to
+value heads [b, t, hv, dk], u [b, t, hv, dv] and the cumulative log-decays G [b, t, hv]
+(``GDNAux``); windows of up to ``COMMIT_MAX_T`` positions.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import numpy as np
 from mtpspec.kernels import library
 
 TARGET = "mtpspec_cpu_gdn"
+COMMIT_TARGET = "mtpspec_cpu_gdn_commit"
+COMMIT_MAX_T = 64  # window positions the native commit takes (its per-position weights' buffer)
 
 
 KERNEL = library.Target(TARGET, "MtpspecCpuGdn", "GDN method 'ffi' needs the C++ CPU kernels")
 available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
+COMMIT_KERNEL = library.Target(
+    COMMIT_TARGET, "MtpspecCpuGdnCommit", "the native replay commit needs the C++ CPU kernels"
+)
 
 
 def status() -> tuple[bool, str]:
@@ -42,3 +53,17 @@ def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
         *(x.astype(f32) for x in (q, k, v, g, beta, state0)), scale=np.float32(scale)
     )
     return o, fin, u, st if return_states else None
+
+
+def commit(state0, k, u, g_cum, n) -> jax.Array:
+    """The state [b, h, dk, dv] float32 after the first ``n`` [b] (clamped to 0..t) positions of a
+    verified window (see the module docstring)."""
+    t = k.shape[1]
+    if t > COMMIT_MAX_T:
+        raise ValueError(f"the native GDN commit takes windows of up to {COMMIT_MAX_T}, got {t}")
+    COMMIT_KERNEL.require()
+    f32 = jnp.float32
+    out = jax.ShapeDtypeStruct(state0.shape, f32)
+    return jax.ffi.ffi_call(COMMIT_TARGET, out)(
+        *(x.astype(f32) for x in (state0, k, u, g_cum)), n.astype(jnp.int32)
+    )
