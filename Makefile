@@ -13,7 +13,7 @@ $(BIN)/python:
 # The C++ CPU kernels (mtpspec/kernels/*.cc) compile against jaxlib's XLA FFI headers, so jax goes
 # in first and the package builds without isolation. Without a C++ compiler the install still
 # succeeds and the kernels are reported unavailable (mtpspec.kernels.library.status()).
-$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml $(wildcard mtpspec/kernels/*.cc)
+$(STAMP): $(BIN)/python setup.cfg setup.py pyproject.toml $(wildcard mtpspec/kernels/*.cc) $(wildcard mtpspec/kernels/*.h)
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
 	$(BIN)/python -m pip install -q 'jax>=0.4.35'
 	$(BIN)/python -m pip install -q --no-build-isolation -e '.[dev]'

@@ -168,3 +168,19 @@ def test_native_replay_commit_refuses_windows_beyond_its_limit():
     z = jnp.zeros
     with pytest.raises(ValueError, match="up to 64"):
         cpu_gdn.commit(z((1, 1, 4, 4)), z((1, t, 1, 4)), z((1, t, 1, 4)), z((1, t, 1)), z((1,)))
+
+
+@built
+@pytest.mark.parametrize("t", [1, 4, 40])
+def test_the_helper_thread_changes_no_bit(monkeypatch, t):
+    """Heads are shared with a helper thread of XLA's pool (long windows): whichever thread runs
+    a head, its arithmetic is the same."""
+    inputs = random_gdn_inputs(t, 2, t, 2, 4, 64, 32)
+    got = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(cpu_gdn, "THREADS", threads)
+        o, final = jax.jit(lambda *a: _ffi(a)[:2])(*inputs)
+        got.append((np.asarray(o), np.asarray(final)))
+    for o, final in got[1:]:
+        np.testing.assert_array_equal(o, got[0][0])
+        np.testing.assert_array_equal(final, got[0][1])

@@ -17,13 +17,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <functional>
-#include <memory>
 #include <cstdint>
 #include <vector>
 
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -146,31 +144,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
           p.data(), qs.data(), op + u * d);
     }
   };
-  const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
-  if (helpers <= 0 || units < 2 || units * n * d < kMinShared) {
-    rows(0, units);
-    return ffi::Error::Success();
-  }
-  // shared with helper tasks on XLA's intra-op pool, chunk by chunk (as in cpu_linear.cc); held
-  // by shared_ptr because a helper may start after the caller has returned
-  struct Work {
-    std::function<void(int64_t, int64_t)> rows;
-    int64_t units, chunks;
-    std::atomic<int64_t> next{0}, done{0};
-    void Run() {
-      for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-        rows(c * units / chunks, (c + 1) * units / chunks);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto work = std::make_shared<Work>();
-  work->rows = rows;
-  work->units = units;
-  work->chunks = std::min<int64_t>(units, 8 * (helpers + 1));
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->Run(); });
-  work->Run();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) _mm_pause();
+  mtpspec::ParallelFor(pool, threads, units, units * n * d >= kMinShared, 8, rows);
   return ffi::Error::Success();
 }
 

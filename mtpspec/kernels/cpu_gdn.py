@@ -8,8 +8,9 @@ target: one native call per GDN layer for a decode step or a verify window.
 q, k [b, t, hk, dk] (key heads not expanded: value head h reads key head h // (hv // hk)),
 v [b, t, hv, dv], g (log-decay, already clamped to ``G_FLOOR``) and beta [b, t, hv], state0
 [b, hv, dk, dv]; all float32. Returns o and u [b, t, hv, dv], the final state and, with
-``return_states``, every per-position state [b, t, hv, dk, dv] (else None). Single-threaded; a
-token's arithmetic is the same whatever the window length. No gradient: decoding only.
+``return_states``, every per-position state [b, t, hv, dk, dv] (else None). Heads are shared
+between the caller and one helper thread of XLA's pool (``THREADS``); a token's arithmetic is
+the same whatever the window length or the thread. No gradient: decoding only.
 
 ``commit`` is the "replay" commit (``ops.state_after``) of a verified window: the state after its
 first ``n`` [b] positions, S_n = e^{G_n} S_0 + Σ_{i<n} e^{G_n − G_i} k_i u_iᵀ, from k expanded to
@@ -19,6 +20,8 @@ value heads [b, t, hv, dk], u [b, t, hv, dv] and the cumulative log-decays G [b,
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,6 +29,8 @@ import numpy as np
 from mtpspec.kernels import library
 
 TARGET = "mtpspec_cpu_gdn"
+# caller + one pool helper share a window's heads (1: the caller alone); read when traced
+THREADS = int(os.environ.get("MTPSPEC_CPU_GDN_THREADS", "2"))
 COMMIT_TARGET = "mtpspec_cpu_gdn_commit"
 COMMIT_MAX_T = 64  # window positions the native commit takes (its per-position weights' buffer)
 
@@ -50,7 +55,9 @@ def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
     states = jax.ShapeDtypeStruct((b, t, hv, dk, dv) if return_states else (0,), f32)
     final = jax.ShapeDtypeStruct((b, hv, dk, dv), f32)
     o, fin, u, st = jax.ffi.ffi_call(TARGET, (out, final, out, states))(
-        *(x.astype(f32) for x in (q, k, v, g, beta, state0)), scale=np.float32(scale)
+        *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
+        scale=np.float32(scale),
+        threads=np.int64(THREADS),
     )
     return o, fin, u, st if return_states else None
 
