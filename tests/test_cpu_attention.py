@@ -199,3 +199,44 @@ def test_a_long_prefill_through_the_kernels_equals_the_forward(model):
     want = models.forward(config, params, tokens)
     for i, n in enumerate((100, 37)):
         np.testing.assert_allclose(got.logits[i, :n], want[i, :n], rtol=2e-4, atol=2e-4)
+
+
+def _tree_visible(tree, lengths, n):
+    """The slots each tree row reads (as ``models.tree.tree_attention`` builds them for XLA)."""
+    rel = np.arange(n)[None, None, :] - np.asarray(lengths)[:, None, None]
+    ok = np.asarray(tree.ancestor_mask)[None][
+        np.zeros_like(rel), np.arange(tree.rows)[None, :, None], np.clip(rel, 0, tree.rows - 1)
+    ]
+    return jnp.asarray((rel < 0) | ((rel < tree.rows) & ok))
+
+
+@built
+@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2), (1, 1, 1)])
+def test_tree_kernel_equals_the_masked_xla_form(monkeypatch, shape):
+    """Row r reads the committed prefix and its path's slots (L + ancestor): against
+    ``layers.masked_cache_attention``; NaN in every slot no row may read (the siblings' and
+    cousins' keys, stale slots past the window) changes nothing; any number of threads gives the
+    same bits."""
+    from mtpspec.models.tree import TreeShape
+
+    tree = TreeShape(shape)
+    b, hq, g, d, n = 2, 8, 2, 32, 48
+    rng = np.random.default_rng(len(shape))
+    q = jnp.asarray(rng.standard_normal((b, tree.rows, hq, d)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((b, g, n, d)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((b, g, d, n)), jnp.float32)
+    lengths = jnp.asarray([5, 17], jnp.int32)
+    visible = _tree_visible(tree, lengths, n)
+    want = layers.masked_cache_attention(q, k, v, visible)
+    got = cpu_attention.apply_tree(q, k, v, lengths, tree.ancestor_mask, d**-0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    hidden = ~np.asarray(visible).any(axis=1)  # [b, n]: slots no row reads
+    k_bad = jnp.where(jnp.asarray(hidden)[:, None, :, None], jnp.nan, k)
+    v_bad = jnp.where(jnp.asarray(hidden)[:, None, None, :], jnp.nan, v)
+    poisoned = cpu_attention.apply_tree(q, k_bad, v_bad, lengths, tree.ancestor_mask, d**-0.5)
+    np.testing.assert_array_equal(poisoned, got)
+    monkeypatch.setattr(cpu_attention, "THREADS", 1)
+    alone = jax.jit(lambda *a: cpu_attention.apply_tree(*a, tree.ancestor_mask, d**-0.5))(
+        q, k, v, lengths
+    )
+    np.testing.assert_array_equal(alone, got)

@@ -16,6 +16,7 @@ from mtpspec import decoding, models, ops
 from mtpspec.decoding import sampling
 from mtpspec.decoding import tree as dtree
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models import GDNCache, decoder, mtp_tree
 from mtpspec.models import tree as mtree
 from mtpspec.models.tree import TreeShape
@@ -53,11 +54,17 @@ def test_a_tree_too_large_is_refused_before_any_table_is_built():
     assert TreeShape((4, 4, 4)).rows <= mtree.MAX_ROWS
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_every_gdn_node_equals_the_recurrence_along_its_path(shape):
+def test_every_gdn_node_equals_the_recurrence_along_its_path(shape, native):
+    """The per-depth XLA form and the C++ kernel's node-by-node walk (``native``)."""
+    if native and not cpu_gdn.available():
+        pytest.skip(cpu_gdn.status()[1])
     tree = TreeShape(shape)
     q, k, v, g, beta, s0 = random_gdn_inputs(1, 2, tree.rows, 2, 4, 8, 6)
-    o, aux = ops.gated_delta_rule_tree(q, k, v, g, beta, s0, tree.parent, tree.levels)
+    o, aux = ops.gated_delta_rule_tree(
+        q, k, v, g, beta, s0, tree.parent, tree.levels, native=native
+    )
     for r in range(tree.rows):
         p = tree.path[r, : tree.row_depth[r] + 1]
         o_c, final, aux_c = ops.gated_delta_rule_with_aux(

@@ -107,8 +107,8 @@ def prepare(
     attention       "auto" | "xla" | "ffi": how decode steps and verify windows attend over the
                     KV cache: "ffi" is the C++ CPU kernel (the live prefix only), "xla" XLA's
                     form; chosen like ``linear`` ("auto" also wants a float32 cache). Prefills
-                    and windows beyond ``cpu_attention.MAX_T`` (2048) tokens, and tree windows
-                    (``SpecConfig.tree``: an ancestor mask), use XLA's form.
+                    and windows beyond ``cpu_attention.MAX_T`` (2048) tokens use XLA's form;
+                    tree windows (``SpecConfig.tree``) take the kernel's ancestor-mask variant.
     """
     if isinstance(max_new_tokens, numbers.Integral) and not isinstance(max_new_tokens, bool):
         max_new_tokens = int(max_new_tokens)  # NumPy ints too

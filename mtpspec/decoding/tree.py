@@ -108,7 +108,8 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, acti
     state, logits and hidden of the path's rows [b, d + 1, ...], the accepted row [b])."""
     shape = s.tree
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # the root, then rows 1..R−1
-    verified = window_step_tree_impl(s.config, params, state, tokens, shape, active)
+    native = s.verify_method == "ffi"  # the chain's windows would run the C++ GDN kernel
+    verified = window_step_tree_impl(s.config, params, state, tokens, shape, active, native)
     if s.sampling.greedy:
         node, n, token = accept_greedy(shape, verified.logits, tokens)
     else:

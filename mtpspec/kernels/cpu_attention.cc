@@ -148,6 +148,80 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// A tree window (speculative tree verification): query row r of R, at its own position, reads
+// the committed prefix (slots 0 .. L - 1) and the slots L + a of its ancestors a and itself
+// (ancestors[r * R + a] != 0), whose keys the window wrote there. One softmax over both; the
+// prefix part is the same arithmetic as Row's, the path's few slots are gathered.
+__attribute__((target("avx2,fma"))) void TreeRow(const float* q, const float* k, const float* vt,
+                                                 int64_t d, int64_t n, int64_t len,
+                                                 const int64_t* path, int64_t m, float scale,
+                                                 float* p, float* qs, float* o) {
+  for (int64_t i = 0; i < d; ++i) qs[i] = q[i] * scale;
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < len; ++j) {
+    p[j] = Dot(qs, k + j * d, d);
+    if (!(p[j] <= mx)) mx = p[j];
+  }
+  for (int64_t a = 0; a < m; ++a) {
+    const float sc = Dot(qs, k + path[a] * d, d);
+    p[len + a] = sc;
+    if (!(sc <= mx)) mx = sc;
+  }
+  float den = 0.0f;
+  for (int64_t j = 0; j < len + m; ++j) {
+    p[j] = std::exp(p[j] - mx);
+    den += p[j];
+  }
+  const float inv = 1.0f / den;
+  for (int64_t i = 0; i < d; ++i) {
+    const float* vi = vt + i * n;
+    float acc = len > 0 ? Dot(p, vi, len) : 0.0f;
+    for (int64_t a = 0; a < m; ++a) acc += p[len + a] * vi[path[a]];
+    o[i] = acc * inv;
+  }
+}
+
+ffi::Error TreeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                         ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
+                         ffi::Buffer<ffi::S32> ancestors, ffi::ResultBuffer<ffi::F32> o,
+                         float scale, int64_t threads) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
+  auto ld = lengths.dimensions(), ad = ancestors.dimensions(), od = o->dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || ld.size() != 1 || ad.size() != 2 ||
+      od.size() != 4) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_tree_attention: expected q [b, R, hq, d], k [b, g, n, d], v [b, g, d, n], "
+        "lengths [b], ancestors [R, R], o [b, R, hq, d]");
+  }
+  const int64_t b = qd[0], t = qd[1], hq = qd[2], d = qd[3], g = kd[1], n = kd[2];
+  if (g <= 0 || hq % g != 0 || kd[0] != b || kd[3] != d || vd[0] != b || vd[1] != g ||
+      vd[2] != d || vd[3] != n || ld[0] != b || ad[0] != t || ad[1] != t || od[0] != b ||
+      od[1] != t || od[2] != hq || od[3] != d || n <= 0) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_tree_attention: shapes do not match");
+  }
+  const int64_t ratio = hq / g, units = b * t * hq;
+  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+  const int32_t *lp = lengths.typed_data(), *anc = ancestors.typed_data();
+  float* op = o->typed_data();
+  auto rows = [=](int64_t u0, int64_t u1) {
+    std::vector<float> p(n + t), qs(d);
+    std::vector<int64_t> path(t);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u % hq, bt = u / hq, bi = bt / t, r = bt % t, gi = h / ratio;
+      // the prefix, clamped so that the path's slots stay inside the capacity
+      const int64_t len = std::clamp<int64_t>(lp[bi], 0, n);
+      int64_t m = 0;
+      for (int64_t a = 0; a < t; ++a)
+        if (anc[r * t + a] != 0 && len + a < n) path[m++] = len + a;
+      if (len + m == 0) path[m++] = 0;  // nothing visible: read slot 0 (its output is unused)
+      TreeRow(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len,
+              path.data(), m, scale, p.data(), qs.data(), op + u * d);
+    }
+  };
+  mtpspec::ParallelFor(pool, threads, units, units * n * d >= kMinShared, 8, rows);
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuAttention, Attention,
@@ -157,6 +231,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuAttention, Attention,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // k cache
                                   .Arg<ffi::Buffer<ffi::F32>>()  // v cache (transposed)
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // o
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuTreeAttention, TreeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k cache
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v cache (transposed)
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // committed lengths
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // ancestor-or-self mask
                                   .Ret<ffi::Buffer<ffi::F32>>()  // o
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("threads"));

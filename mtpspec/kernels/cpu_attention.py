@@ -37,6 +37,10 @@ THREADS = int(os.environ.get("MTPSPEC_CPU_ATTENTION_THREADS", "2"))
 KERNEL = library.Target(
     TARGET, "MtpspecCpuAttention", "the native attention needs the C++ CPU kernels"
 )
+TREE_TARGET = "mtpspec_cpu_tree_attention"
+TREE_KERNEL = library.Target(
+    TREE_TARGET, "MtpspecCpuTreeAttention", "the native tree attention needs the C++ CPU kernels"
+)
 available, require = KERNEL.available, KERNEL.require
 
 
@@ -53,6 +57,25 @@ def apply(q, k_cache, v_cache, positions, scale: float) -> jax.Array:
         k_cache.astype(f32),
         v_cache.astype(f32),
         positions.astype(jnp.int32),
+        scale=np.float32(scale),
+        threads=np.int64(THREADS),
+    )
+
+
+def apply_tree(q, k_cache, v_cache, lengths, ancestors, scale: float) -> jax.Array:
+    """A tree window's attention: q [b, R, hq, d] (row r at its own position), the cache already
+    holding row r's key at slot lengths + r; row r reads slots 0 .. lengths - 1 (the committed
+    prefix) and lengths + a for every a with ``ancestors[r, a]`` (its path: ancestors and
+    itself; [R, R] bool or int). Returns o [b, R, hq, d] float32."""
+    TREE_KERNEL.require()
+    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+    f32 = jnp.float32
+    return jax.ffi.ffi_call(TREE_TARGET, out)(
+        q.astype(f32),
+        k_cache.astype(f32),
+        v_cache.astype(f32),
+        jnp.asarray(lengths, jnp.int32),
+        jnp.asarray(ancestors, jnp.int32),
         scale=np.float32(scale),
         threads=np.int64(THREADS),
     )

@@ -130,6 +130,97 @@ ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
   return ffi::Error::Success();
 }
 
+// A tree window (speculative tree verification): node r advances from its parent's state
+// (parent[r] < 0: the state before the window) with Head's arithmetic, and every node's state is
+// kept (the commit selects the accepted path's). Nodes come breadth first, parents first.
+__attribute__((target("avx2,fma"))) void TreeHead(int64_t t, const int32_t* parent, int64_t dk,
+                                                  int64_t dv, int64_t q_stride, int64_t v_stride,
+                                                  int64_t gb_stride, int64_t s_stride,
+                                                  const float* q, const float* k, const float* v,
+                                                  const float* g, const float* beta, float scale,
+                                                  const float* s0, float* states, float* o,
+                                                  float* u, float* kv) {
+  for (int64_t r = 0; r < t; ++r) {
+    const float* prev = parent[r] < 0 ? s0 : states + parent[r] * s_stride;
+    float* s = states + r * s_stride;
+    const float* qt = q + r * q_stride;
+    const float* kt = k + r * q_stride;
+    const float* vt = v + r * v_stride;
+    float* ut = u + r * v_stride;
+    float* ot = o + r * v_stride;
+    const float decay = std::exp(g[r * gb_stride]);
+    const float b = beta[r * gb_stride];
+    for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
+    for (int64_t i = 0; i < dk; ++i) {  // decay the parent's state, and kv = S^T k
+      const float* from = prev + i * dv;
+      float* row = s + i * dv;
+      const float ki = kt[i];
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] = from[j] * decay;
+        kv[j] += row[j] * ki;
+      }
+    }
+    for (int64_t j = 0; j < dv; ++j) {
+      ut[j] = b * (vt[j] - kv[j]);
+      ot[j] = 0.0f;
+    }
+    for (int64_t i = 0; i < dk; ++i) {  // S += k u^T, and o = S^T (scale q) with the new S
+      float* row = s + i * dv;
+      const float ki = kt[i];
+      const float qi = qt[i] * scale;
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] += ki * ut[j];
+        ot[j] += row[j] * qi;
+      }
+    }
+  }
+}
+
+ffi::Error GdnTree(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                   ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
+                   ffi::Buffer<ffi::F32> state0, ffi::Buffer<ffi::S32> parent,
+                   ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> u,
+                   ffi::ResultBuffer<ffi::F32> states, float scale, int64_t threads) {
+  auto qd = q.dimensions();
+  auto vd = v.dimensions();
+  if (qd.size() != 4 || vd.size() != 4) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_tree: q, k, v must have rank 4");
+  }
+  const int64_t b = qd[0], t = qd[1], hk = qd[2], dk = qd[3], hv = vd[2], dv = vd[3];
+  if (hk <= 0 || hv % hk != 0 || !Dims(k.dimensions(), {b, t, hk, dk}) ||
+      !Dims(vd, {b, t, hv, dv}) || !Dims(g.dimensions(), {b, t, hv}) ||
+      !Dims(beta.dimensions(), {b, t, hv}) || !Dims(state0.dimensions(), {b, hv, dk, dv}) ||
+      !Dims(parent.dimensions(), {t}) || !Dims(o->dimensions(), {b, t, hv, dv}) ||
+      !Dims(u->dimensions(), {b, t, hv, dv}) || !Dims(states->dimensions(), {b, t, hv, dk, dv})) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_tree: shapes do not match");
+  }
+  const int32_t* par = parent.typed_data();
+  for (int64_t r = 0; r < t; ++r) {
+    if (par[r] >= r || (r == 0) != (par[r] < 0)) {
+      return ffi::Error::InvalidArgument(
+          "mtpspec_cpu_gdn_tree: parents must precede their children, the root (row 0) alone "
+          "has none");
+    }
+  }
+  const int64_t ratio = hv / hk, hs = dk * dv;
+  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+  const float *gp = g.typed_data(), *bp = beta.typed_data(), *s0 = state0.typed_data();
+  float *op = o->typed_data(), *up = u->typed_data(), *sp = states->typed_data();
+  auto heads = [=](int64_t u0, int64_t u1) {
+    std::vector<float> kv(dv > 0 ? dv : 1);
+    for (int64_t unit = u0; unit < u1; ++unit) {
+      const int64_t bi = unit / hv, h = unit % hv, kh = h / ratio;
+      const int64_t qk0 = (bi * t * hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
+      const int64_t gb0 = bi * t * hv + h;
+      TreeHead(t, par, dk, dv, hk * dk, hv * dv, hv, hv * hs, qp + qk0, kp + qk0, vp + v0,
+               gp + gb0, bp + gb0, scale, s0 + (bi * hv + h) * hs, sp + (bi * t * hv + h) * hs,
+               op + v0, up + v0, kv.data());
+    }
+  };
+  mtpspec::ParallelFor(pool, threads, b * hv, t * hs >= kMinShared, 2, heads);
+  return ffi::Error::Success();
+}
+
 // The "replay" commit of a verified window: the state after its first n positions, in closed
 // form from what the window kept (k expanded to value heads, u, cumulative log-decays G):
 //     S_n = e^{G_n} S_0 + sum_{i < n} e^{G_n - G_i} k_i u_i^T      (G_n = 0 when n = 0)
@@ -217,3 +308,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnCommit, GdnCommit,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // cumulative log-decays
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions kept
                                   .Ret<ffi::Buffer<ffi::F32>>());  // state after them
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnTree, GdnTree,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // k
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // v
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // g
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // beta
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // state before the root
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // parent of every node
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // o
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // u
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // every node's state
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("threads"));

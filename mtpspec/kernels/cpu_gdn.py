@@ -12,6 +12,10 @@ v [b, t, hv, dv], g (log-decay, already clamped to ``G_FLOOR``) and beta [b, t, 
 between the caller and one helper thread of XLA's pool (``THREADS``); a token's arithmetic is
 the same whatever the window length or the thread. No gradient: decoding only.
 
+``apply_tree`` is a tree window (speculative tree verification): node r advances from its
+parent's state (``parent[r]``; −1 for the root, which continues ``state0``), nodes breadth
+first; returns o and u [b, R, hv, dv] and every node's state [b, R, hv, dk, dv].
+
 ``commit`` is the "replay" commit (``ops.state_after``) of a verified window: the state after its
 first ``n`` [b] positions, S_n = e^{G_n} S_0 + Σ_{i<n} e^{G_n − G_i} k_i u_iᵀ, from k expanded to
 value heads [b, t, hv, dk], u [b, t, hv, dv] and the cumulative log-decays G [b, t, hv]
@@ -32,11 +36,15 @@ TARGET = "mtpspec_cpu_gdn"
 # caller + one pool helper share a window's heads (1: the caller alone); read when traced
 THREADS = int(os.environ.get("MTPSPEC_CPU_GDN_THREADS", "2"))
 COMMIT_TARGET = "mtpspec_cpu_gdn_commit"
+TREE_TARGET = "mtpspec_cpu_gdn_tree"
 COMMIT_MAX_T = 64  # window positions the native commit takes (its per-position weights' buffer)
 
 
 KERNEL = library.Target(TARGET, "MtpspecCpuGdn", "GDN method 'ffi' needs the C++ CPU kernels")
 available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
+TREE_KERNEL = library.Target(
+    TREE_TARGET, "MtpspecCpuGdnTree", "the native GDN tree window needs the C++ CPU kernels"
+)
 COMMIT_KERNEL = library.Target(
     COMMIT_TARGET, "MtpspecCpuGdnCommit", "the native replay commit needs the C++ CPU kernels"
 )
@@ -73,4 +81,20 @@ def commit(state0, k, u, g_cum, n) -> jax.Array:
     out = jax.ShapeDtypeStruct(state0.shape, f32)
     return jax.ffi.ffi_call(COMMIT_TARGET, out)(
         *(x.astype(f32) for x in (state0, k, u, g_cum)), n.astype(jnp.int32)
+    )
+
+
+def apply_tree(q, k, v, g, beta, state0, parent, scale: float):
+    """A tree window's gated delta rule (see the module docstring): (o, u, states)."""
+    TREE_KERNEL.require()
+    b, t, _, dk = q.shape
+    hv, dv = v.shape[2:]
+    f32 = jnp.float32
+    out = jax.ShapeDtypeStruct((b, t, hv, dv), f32)
+    states = jax.ShapeDtypeStruct((b, t, hv, dk, dv), f32)
+    return jax.ffi.ffi_call(TREE_TARGET, (out, out, states))(
+        *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
+        jnp.asarray(parent, jnp.int32),
+        scale=np.float32(scale),
+        threads=np.int64(THREADS),
     )

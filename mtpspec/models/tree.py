@@ -32,6 +32,7 @@ import numpy as np
 
 from mtpspec import ops
 from mtpspec.config import ModelConfig
+from mtpspec.kernels import cpu_attention
 from mtpspec.models import layers
 from mtpspec.models.state import AttentionCache, AttentionCommit, DecodeState, GDNCache, GDNCommit
 
@@ -173,6 +174,12 @@ def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCac
     q, gate, k, v = layers.attention_inputs(config, p, x, positions)
     slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, R]
     new_cache = layers.write_kv(cache, k, v, slots)
+    if layers.native_attention(p, t):  # the C++ kernel: the prefix, then the row's path
+        scale = q.shape[-1] ** -0.5
+        o = cpu_attention.apply_tree(
+            q, new_cache.k, new_cache.v, lengths, tree.ancestor_mask, scale
+        )
+        return layers.attention_output(p, o, gate, x.dtype), new_cache
     rel = jnp.arange(cache.capacity)[None, None, :] - lengths[:, None, None]  # window row of a slot
     mask = jnp.asarray(tree.ancestor_mask)  # [R (query), R (key)]
     tree_ok = jnp.take_along_axis(
@@ -185,23 +192,29 @@ def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCac
     return layers.attention_output(p, o, gate, x.dtype), new_cache
 
 
-def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree):
+def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree, native=False):
     """GDN of every tree row from its parent's state and its path's conv inputs. ``active`` [b]
-    bool: inactive sequences leave no trace (g = 0, beta = 0). Returns (out [b, R, H], the
-    cache unchanged, ``GDNCommit`` with per-node states and path-cumulative decays)."""
+    bool: inactive sequences leave no trace (g = 0, beta = 0). ``native``: the recurrence in
+    the C++ kernel. Returns (out [b, R, H], the cache unchanged, ``GDNCommit`` with per-node
+    states and path-cumulative decays)."""
     mixed, z, g, beta = layers.gdn_inputs(config, p, x, active[:, None])
     taps = tree.conv_taps(p["conv"].shape[1])
     conv_out = ops.causal_conv1d_tree(mixed, p["conv"], cache.conv, taps)
     q, k, v = layers.gdn_qkv(config, conv_out)
-    o, aux = ops.gated_delta_rule_tree(q, k, v, g, beta, cache.state, tree.parent, tree.levels)
+    o, aux = ops.gated_delta_rule_tree(
+        q, k, v, g, beta, cache.state, tree.parent, tree.levels, native=native
+    )
     k_heads = ops.expand_key_heads(k, config.linear_num_value_heads)
     out = layers.gdn_output(config, p, o, z, x.dtype)
     return out, cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
 
 
-def window_step_tree_impl(config: ModelConfig, params, state: DecodeState, tokens, tree, active):
+def window_step_tree_impl(
+    config: ModelConfig, params, state: DecodeState, tokens, tree, active, native: bool = False
+):
     """Every tree row in one forward: tokens [b, R] (row 0 the pending token), ``active`` [b]
-    bool. Returns ``decoder.StepOutput`` (logits [b, R, V], hidden, the state with the window's
+    bool; ``native``: the GDN recurrence in the C++ kernel (attention follows its block's
+    marker). Returns ``decoder.StepOutput`` (logits [b, R, V], hidden, the state with the window's
     keys written at slots L + row and everything else — lengths, GDN caches — as before, the
     commit data per layer)."""
     from mtpspec.models.decoder import StepOutput, lm_logits
@@ -215,7 +228,7 @@ def window_step_tree_impl(config: ModelConfig, params, state: DecodeState, token
             mixed, cache = tree_attention(config, p["attn"], h, state.lengths, cache, tree)
             commit = AttentionCommit()
         else:
-            mixed, cache, commit = tree_gdn(config, p["gdn"], h, active, cache, tree)
+            mixed, cache, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
         x = x + mixed.astype(x.dtype)
         post = layers.norm(config, x, p["post_norm"])
         x = x + layers.mlp(config, config.mlp_types[i], p["mlp"], post).astype(x.dtype)
@@ -226,4 +239,4 @@ def window_step_tree_impl(config: ModelConfig, params, state: DecodeState, token
     return StepOutput(lm_logits(config, params, hidden), hidden, new_state, tuple(commits))
 
 
-window_step_tree = jax.jit(window_step_tree_impl, static_argnames=("config", "tree"))
+window_step_tree = jax.jit(window_step_tree_impl, static_argnames=("config", "tree", "native"))

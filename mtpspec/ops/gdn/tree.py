@@ -5,7 +5,9 @@ Rows are ordered breadth first, so a depth is a contiguous range of rows whose p
 earlier ranges (``models.tree.TreeShape``: ``parent``, ``levels``). Per depth the nodes' parent
 states are gathered and advanced in one vectorised step — d + 1 steps for a tree of depth d,
 whatever its width. The cost is that each node's state is materialised ([b, R, h, k, v]); that
-is also what the "states" commit selects from.
+is also what the "states" commit selects from. ``native=True`` runs the same recurrence node by
+node in one C++ call per layer (``kernels.cpu_gdn.apply_tree``; decoding asks for it where its
+windows' GDN resolved to the C++ kernel).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from mtpspec.kernels import cpu_gdn
 from mtpspec.ops.gdn.api import G_FLOOR
 from mtpspec.ops.gdn.common import GDNAux, einsum, expand_key_heads
 
@@ -27,11 +30,21 @@ def gated_delta_rule_tree(
     parent: np.ndarray,  # [R] int, −1 for the root
     levels: tuple[tuple[int, int], ...],  # (first, end) row of each depth, root first
     scale: float | None = None,
+    native: bool = False,
 ):
     """Returns (o [b, R, hv, v] float32, ``GDNAux``: u per node, G = the log-decay summed along
-    the node's path from the root (its own included), and every node's state)."""
+    the node's path from the root (its own included), and every node's state). ``native``: the
+    C++ kernel (OSError where it is not built)."""
     hv, dk = v.shape[2], k.shape[3]
     scale = float(dk**-0.5 if scale is None else scale)
+    if native:
+        g = jnp.maximum(g.astype(jnp.float32), G_FLOOR)
+        o, u, states = cpu_gdn.apply_tree(q, k, v, g, beta, initial_state, parent, scale)
+        gcums = []
+        for lo, hi in levels:
+            prev_g = 0.0 if lo == 0 else jnp.concatenate(gcums, axis=1)[:, parent[lo:hi]]
+            gcums.append(prev_g + g[:, lo:hi])
+        return o, GDNAux(u=u, g_cum=jnp.concatenate(gcums, axis=1), states=states)
     qe = expand_key_heads(q.astype(jnp.float32), hv) * scale
     ke = expand_key_heads(k.astype(jnp.float32), hv)
     v, beta = v.astype(jnp.float32), beta.astype(jnp.float32)
