@@ -47,10 +47,11 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
         valid = jnp.array([t], jnp.int32)
         return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
 
-    def tree(shape):
+    def tree(shape):  # with the GDN form decoding runs for it (verify_accept_commit)
         active = jnp.array([True])
+        native = host.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
         return job(
-            lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active),
+            lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active, native),
             shape.rows,
         )
 
