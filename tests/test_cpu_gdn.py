@@ -163,24 +163,59 @@ def test_native_replay_commit_equals_the_closed_form_for_every_count(dims):
 
 
 @built
-def test_native_replay_commit_refuses_windows_beyond_its_limit():
+def test_native_replay_commit_refuses_bad_windows_and_counts():
     t = cpu_gdn.COMMIT_MAX_T + 1
     z = jnp.zeros
     with pytest.raises(ValueError, match="up to 64"):
         cpu_gdn.commit(z((1, 1, 4, 4)), z((1, t, 1, 4)), z((1, t, 1, 4)), z((1, t, 1)), z((1,)))
+    with pytest.raises(ValueError):  # a concrete count outside 0..t, as ops.state_after
+        four = jnp.full((1,), 4, jnp.int32)
+        cpu_gdn.commit(z((1, 1, 4, 4)), z((1, 3, 1, 4)), z((1, 3, 1, 4)), z((1, 3, 1)), four)
 
 
 @built
-@pytest.mark.parametrize("t", [1, 4, 40])
+@pytest.mark.parametrize("t", [1, 40])
 def test_the_helper_thread_changes_no_bit(monkeypatch, t):
     """Heads are shared with a helper thread of XLA's pool (long windows): whichever thread runs
-    a head, its arithmetic is the same."""
-    inputs = random_gdn_inputs(t, 2, t, 2, 4, 64, 32)
+    a head, its arithmetic is the same. Each setting is traced afresh (the attribute is read when
+    a call is traced; the lowered call must carry it)."""
+    q, k, v, g, beta, s0 = random_gdn_inputs(t, 2, t, 2, 4, 64, 32)
     got = []
     for threads in (1, 2, 3):
         monkeypatch.setattr(cpu_gdn, "THREADS", threads)
-        o, final = jax.jit(lambda *a: _ffi(a)[:2])(*inputs)
-        got.append((np.asarray(o), np.asarray(final)))
-    for o, final in got[1:]:
-        np.testing.assert_array_equal(o, got[0][0])
-        np.testing.assert_array_equal(final, got[0][1])
+        fn = jax.jit(lambda *a: cpu_gdn.apply(*a, 0.125, True))
+        assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
+        got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
+    for outs in got[1:]:
+        for a, b in zip(outs, got[0], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@built
+def test_a_library_from_other_sources_is_refused(monkeypatch):
+    """A stale build (its FFI signatures differ from what the wrappers pass) is reported
+    unavailable with the fix, never called."""
+    from mtpspec.kernels import library
+
+    assert library.handle().mtpspec_cpu_kernels_abi() == library.ABI
+    monkeypatch.setattr(library, "ABI", library.ABI + 1)
+    lib, why = library._load.__wrapped__()
+    assert lib is None and "make install" in why
+
+
+@built
+def test_the_tree_walk_shares_heads_without_changing_a_bit(monkeypatch):
+    """The native GDN tree walk (``apply_tree``) with its heads shared between threads (a 23-node
+    window of 64 x 64 heads: past the sharing threshold) gives the same bits as on one thread."""
+    from mtpspec.models.tree import TreeShape
+
+    tree = TreeShape((2, 2, 2, 1))
+    q, k, v, g, beta, s0 = random_gdn_inputs(3, 2, tree.rows, 2, 2, 64, 64)
+    got = []
+    for threads in (1, 2):
+        monkeypatch.setattr(cpu_gdn, "THREADS", threads)
+        fn = jax.jit(lambda *a: cpu_gdn.apply_tree(*a, tree.parent, 0.125))
+        assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
+        got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
+    for a, b in zip(got[1], got[0], strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
 from mtpspec.decoding import host, program
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models import decoder
 from mtpspec.models import tree as mtree
 
@@ -50,6 +51,7 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
     def tree(shape):  # with the GDN form decoding runs for it (verify_accept_commit)
         active = jnp.array([True])
         native = host.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
+        native = native and cpu_gdn.TREE_KERNEL.available()
         return job(
             lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active, native),
             shape.rows,

@@ -64,7 +64,13 @@ def commit_gdn(
     """The GDN cache after the first ``n`` [b] positions of the verified window. ``native``: the
     "replay" strategy runs the C++ closed form (``cpu_gdn.commit``; windows of up to
     ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form)."""
-    if strategy == "replay" and native and commit.k.shape[1] <= cpu_gdn.COMMIT_MAX_T:
+    t = commit.k.shape[1]
+    if (
+        strategy == "replay"
+        and native
+        and t <= cpu_gdn.COMMIT_MAX_T
+        and cpu_gdn.COMMIT_KERNEL.available()
+    ):
         state = cpu_gdn.commit(cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n)
     elif strategy == "scan":
         state = _scan_state(cache0.state, commit, n)

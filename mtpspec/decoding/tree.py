@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from mtpspec.decoding.commit import commit_gdn
 from mtpspec.decoding.sampling import tree_speculative_accept
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
 from mtpspec.models.tree import TreeShape, window_step_tree_impl
 from mtpspec.ops import GDNAux
@@ -108,7 +109,8 @@ def verify_accept_commit(s, params, state: DecodeState, pending, drafts, q, acti
     state, logits and hidden of the path's rows [b, d + 1, ...], the accepted row [b])."""
     shape = s.tree
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # the root, then rows 1..R−1
-    native = s.verify_method == "ffi"  # the chain's windows would run the C++ GDN kernel
+    # where the chain's windows would run the C++ GDN kernel
+    native = s.verify_method == "ffi" and cpu_gdn.TREE_KERNEL.available()
     verified = window_step_tree_impl(s.config, params, state, tokens, shape, active, native)
     if s.sampling.greedy:
         node, n, token = accept_greedy(shape, verified.logits, tokens)

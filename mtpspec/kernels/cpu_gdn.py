@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mtpspec.kernels import library
+from mtpspec.ops.conv import check_counts
 
 TARGET = "mtpspec_cpu_gdn"
 # caller + one pool helper share a window's heads (1: the caller alone); read when traced
@@ -73,9 +74,10 @@ def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
 def commit(state0, k, u, g_cum, n) -> jax.Array:
     """The state [b, h, dk, dv] float32 after the first ``n`` [b] (clamped to 0..t) positions of a
     verified window (see the module docstring)."""
-    t = k.shape[1]
+    b, t = k.shape[:2]
     if t > COMMIT_MAX_T:
         raise ValueError(f"the native GDN commit takes windows of up to {COMMIT_MAX_T}, got {t}")
+    check_counts(n, b, t)  # concrete counts outside 0..t: ValueError (as ops.state_after)
     COMMIT_KERNEL.require()
     f32 = jnp.float32
     out = jax.ShapeDtypeStruct(state0.shape, f32)

@@ -200,3 +200,8 @@ extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+// The interface version of the whole library (its FFI targets' arguments and attributes):
+// library.py refuses a library built from other sources (a stale build after the sources
+// changed) instead of failing at the first call. Bump with any target's signature.
+extern "C" int mtpspec_cpu_kernels_abi() { return 2; }

@@ -13,6 +13,9 @@ import pathlib
 
 _HERE = pathlib.Path(__file__).parent
 PATTERN = "_cpu_kernels*.so"
+# The interface version these Python wrappers expect (``mtpspec_cpu_kernels_abi()`` in
+# cpu_linear.cc; bumped whenever a target's arguments or attributes change).
+ABI = 2
 
 
 @functools.cache
@@ -27,6 +30,12 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         lib = ctypes.CDLL(str(libs[-1]))
     except OSError as e:
         return None, f"the C++ kernel library {libs[-1].name} cannot be loaded: {e}"
+    abi = getattr(lib, "mtpspec_cpu_kernels_abi", None)
+    if abi is None or abi() != ABI:
+        return None, (
+            f"the C++ kernel library {libs[-1].name} was built from other sources (interface "
+            f"{None if abi is None else abi()}, expected {ABI}); rerun `make install`"
+        )
     if not lib.mtpspec_cpu_linear_supported():
         return None, "this CPU lacks AVX2/FMA, which the C++ kernels need"
     return lib, f"built ({libs[-1].name})"

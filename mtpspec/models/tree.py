@@ -174,7 +174,8 @@ def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCac
     q, gate, k, v = layers.attention_inputs(config, p, x, positions)
     slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, R]
     new_cache = layers.write_kv(cache, k, v, slots)
-    if layers.native_attention(p, t):  # the C++ kernel: the prefix, then the row's path
+    if layers.native_attention(p, t) and cpu_attention.TREE_KERNEL.available():
+        # the C++ kernel: the prefix, then the row's path
         scale = q.shape[-1] ** -0.5
         o = cpu_attention.apply_tree(
             q, new_cache.k, new_cache.v, lengths, tree.ancestor_mask, scale
