@@ -71,38 +71,51 @@ __attribute__((target("avx2,fma"))) inline float Dot(const float* a, const float
   return s;
 }
 
-// One query row: o = softmax(scale q · K[0:len]) V[0:len], with K [len, d] rows and V^T [d, n].
+// One query row: o = softmax(scale q · K[slots]) V[slots], with K [n, d] rows and V^T [d, n], over
+// the slots 0 .. len - 1 and then the m gathered slots path[0 .. m) (a tree row's own path; m = 0
+// for a decode step or a chain window). A row's arithmetic depends only on its own slots.
 __attribute__((target("avx2,fma"))) void Row(const float* q, const float* k, const float* vt,
-                                             int64_t d, int64_t n, int64_t len, float scale,
+                                             int64_t d, int64_t n, int64_t len,
+                                             const int64_t* path, int64_t m, float scale,
                                              float* p, float* qs, float* o) {
   for (int64_t i = 0; i < d; ++i) qs[i] = q[i] * scale;
-  float m = -INFINITY;
+  float mx = -INFINITY;
   for (int64_t j = 0; j < len; ++j) {
     p[j] = Dot(qs, k + j * d, d);
-    if (!(p[j] <= m)) m = p[j];  // a NaN score makes m NaN: the row comes out NaN, as in XLA
+    if (!(p[j] <= mx)) mx = p[j];  // a NaN score makes mx NaN: the row comes out NaN, as in XLA
   }
-  const __m256 mv = _mm256_set1_ps(m);
+  for (int64_t a = 0; a < m; ++a) {
+    p[len + a] = Dot(qs, k + path[a] * d, d);
+    if (!(p[len + a] <= mx)) mx = p[len + a];
+  }
+  const int64_t all = len + m;
+  const __m256 mv = _mm256_set1_ps(mx);
   __m256 den8 = _mm256_setzero_ps();
   int64_t j = 0;
-  for (; j + 8 <= len; j += 8) {
+  for (; j + 8 <= all; j += 8) {
     const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv));
     _mm256_storeu_ps(p + j, e);
     den8 = _mm256_add_ps(den8, e);
   }
   float den = Sum(den8);
-  if (j < len) {  // the tail through one padded vector (lanes beyond len are not stored)
+  if (j < all) {  // the tail through one padded vector (lanes beyond it are not stored)
     float tail[8] = {0};
-    for (int64_t i = j; i < len; ++i) tail[i - j] = p[i] - m;
-    for (int64_t i = len - j; i < 8; ++i) tail[i] = -INFINITY;
+    for (int64_t i = j; i < all; ++i) tail[i - j] = p[i] - mx;
+    for (int64_t i = all - j; i < 8; ++i) tail[i] = -INFINITY;
     float e[8];
     _mm256_storeu_ps(e, Exp(_mm256_loadu_ps(tail)));
-    for (int64_t i = j; i < len; ++i) {
+    for (int64_t i = j; i < all; ++i) {
       p[i] = e[i - j];
       den += e[i - j];
     }
   }
   const float inv = 1.0f / den;
-  for (int64_t i = 0; i < d; ++i) o[i] = Dot(p, vt + i * n, len) * inv;
+  for (int64_t i = 0; i < d; ++i) {
+    const float* vi = vt + i * n;
+    float acc = Dot(p, vi, len);
+    for (int64_t a = 0; a < m; ++a) acc += p[len + a] * vi[path[a]];
+    o[i] = acc * inv;
+  }
 }
 
 // Below this much work (query rows x live slots x head width, at most) a call runs on the caller
@@ -140,8 +153,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
       // never used), a negative position reads slot 0
       const int64_t len = std::clamp<int64_t>(int64_t{pos[bt]} + 1, 1, n);
       const int64_t gi = h / ratio;
-      Row(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len, scale,
-          p.data(), qs.data(), op + u * d);
+      Row(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len,
+          nullptr, 0, scale, p.data(), qs.data(), op + u * d);
     }
   };
   mtpspec::ParallelFor(pool, threads, units, units * n * d >= kMinShared, 8, rows);
@@ -150,37 +163,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
 
 // A tree window (speculative tree verification): query row r of R, at its own position, reads
 // the committed prefix (slots 0 .. L - 1) and the slots L + a of its ancestors a and itself
-// (ancestors[r * R + a] != 0), whose keys the window wrote there. One softmax over both; the
-// prefix part is the same arithmetic as Row's, the path's few slots are gathered.
-__attribute__((target("avx2,fma"))) void TreeRow(const float* q, const float* k, const float* vt,
-                                                 int64_t d, int64_t n, int64_t len,
-                                                 const int64_t* path, int64_t m, float scale,
-                                                 float* p, float* qs, float* o) {
-  for (int64_t i = 0; i < d; ++i) qs[i] = q[i] * scale;
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < len; ++j) {
-    p[j] = Dot(qs, k + j * d, d);
-    if (!(p[j] <= mx)) mx = p[j];
-  }
-  for (int64_t a = 0; a < m; ++a) {
-    const float sc = Dot(qs, k + path[a] * d, d);
-    p[len + a] = sc;
-    if (!(sc <= mx)) mx = sc;
-  }
-  float den = 0.0f;
-  for (int64_t j = 0; j < len + m; ++j) {
-    p[j] = std::exp(p[j] - mx);
-    den += p[j];
-  }
-  const float inv = 1.0f / den;
-  for (int64_t i = 0; i < d; ++i) {
-    const float* vi = vt + i * n;
-    float acc = len > 0 ? Dot(p, vi, len) : 0.0f;
-    for (int64_t a = 0; a < m; ++a) acc += p[len + a] * vi[path[a]];
-    o[i] = acc * inv;
-  }
-}
-
+// (ancestors[r * R + a] != 0), whose keys the window wrote there: Row with the path gathered.
 ffi::Error TreeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                          ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
                          ffi::Buffer<ffi::S32> ancestors, ffi::ResultBuffer<ffi::F32> o,
@@ -214,7 +197,7 @@ ffi::Error TreeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
       for (int64_t a = 0; a < t; ++a)
         if (anc[r * t + a] != 0 && len + a < n) path[m++] = len + a;
       if (len + m == 0) path[m++] = 0;  // nothing visible: read slot 0 (its output is unused)
-      TreeRow(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len,
+      Row(qp + u * d, kp + (bi * g + gi) * n * d, vp + (bi * g + gi) * d * n, d, n, len,
               path.data(), m, scale, p.data(), qs.data(), op + u * d);
     }
   };

@@ -49,17 +49,7 @@ def status() -> tuple[bool, str]:
 
 
 def apply(q, k_cache, v_cache, positions, scale: float) -> jax.Array:
-    require()  # registers the FFI target on first use (cached)
-    out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
-    f32 = jnp.float32
-    return jax.ffi.ffi_call(TARGET, out)(
-        q.astype(f32),
-        k_cache.astype(f32),
-        v_cache.astype(f32),
-        positions.astype(jnp.int32),
-        scale=np.float32(scale),
-        threads=np.int64(THREADS),
-    )
+    return _call(KERNEL, TARGET, q, k_cache, v_cache, (positions,), scale)
 
 
 def apply_tree(q, k_cache, v_cache, lengths, ancestors, scale: float) -> jax.Array:
@@ -67,15 +57,20 @@ def apply_tree(q, k_cache, v_cache, lengths, ancestors, scale: float) -> jax.Arr
     holding row r's key at slot lengths + r; row r reads slots 0 .. lengths - 1 (the committed
     prefix) and lengths + a for every a with ``ancestors[r, a]`` (its path: ancestors and
     itself; [R, R] bool or int). Returns o [b, R, hq, d] float32."""
-    TREE_KERNEL.require()
+    return _call(TREE_KERNEL, TREE_TARGET, q, k_cache, v_cache, (lengths, ancestors), scale)
+
+
+def _call(kernel, target, q, k_cache, v_cache, ints, scale):
+    """One attention FFI call: q and the cache as float32, ``ints`` (positions; or lengths and
+    the ancestor mask) as int32, then the scale and the thread count."""
+    kernel.require()  # registers the FFI target on first use (cached)
     out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
     f32 = jnp.float32
-    return jax.ffi.ffi_call(TREE_TARGET, out)(
+    return jax.ffi.ffi_call(target, out)(
         q.astype(f32),
         k_cache.astype(f32),
         v_cache.astype(f32),
-        jnp.asarray(lengths, jnp.int32),
-        jnp.asarray(ancestors, jnp.int32),
+        *(jnp.asarray(x).astype(jnp.int32) for x in ints),
         scale=np.float32(scale),
         threads=np.int64(THREADS),
     )

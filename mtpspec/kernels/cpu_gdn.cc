@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "parallel.h"
@@ -27,49 +28,64 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// One (batch row, value head): S (dk x dv, row-major) is advanced in place over t tokens.
-__attribute__((target("avx2,fma"))) void Head(int64_t t, int64_t dk, int64_t dv,
-                                              int64_t q_stride, int64_t v_stride,
-                                              int64_t gb_stride, int64_t s_stride,
-                                              const float* __restrict q,
-                                              const float* __restrict k,
-                                              const float* __restrict v,
-                                              const float* __restrict g,
-                                              const float* __restrict beta, float scale,
-                                              float* __restrict s, float* __restrict o,
-                                              float* __restrict u, float* __restrict states,
-                                              float* __restrict kv) {
-  for (int64_t ti = 0; ti < t; ++ti) {
-    const float* qt = q + ti * q_stride;
-    const float* kt = k + ti * q_stride;
-    const float* vt = v + ti * v_stride;
-    float* ut = u + ti * v_stride;
-    float* ot = o + ti * v_stride;
-    const float decay = std::exp(g[ti * gb_stride]);
-    const float b = beta[ti * gb_stride];
-    for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
-    for (int64_t i = 0; i < dk; ++i) {  // decay, and kv = S^T k with the decayed S
-      float* row = s + i * dv;
-      const float ki = kt[i];
-      for (int64_t j = 0; j < dv; ++j) {
-        row[j] *= decay;
-        kv[j] += row[j] * ki;
-      }
-    }
+// One token of one (batch row, value head): s = exp(g) prev, u = beta (v - s^T k), s += k u^T,
+// o = s^T (scale q). InPlace: `prev` is `s` itself (a chain advances in place; said statically so
+// that the decay loop vectorises without a run-time overlap check falling back to scalar code);
+// else another state (a tree node starts from its parent's).
+template <bool InPlace>
+__attribute__((target("avx2,fma"))) inline void Token(int64_t dk, int64_t dv, const float* prev,
+                                                      float* s, const float* __restrict qt,
+                                                      const float* __restrict kt,
+                                                      const float* __restrict vt, float decay,
+                                                      float b, float scale, float* __restrict ut,
+                                                      float* __restrict ot,
+                                                      float* __restrict kv) {
+  for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
+  for (int64_t i = 0; i < dk; ++i) {  // decay, and kv = S^T k with the decayed S
+    float* row = s + i * dv;
+    const float* from = InPlace ? row : prev + i * dv;
+    const float ki = kt[i];
     for (int64_t j = 0; j < dv; ++j) {
-      ut[j] = b * (vt[j] - kv[j]);
-      ot[j] = 0.0f;
+      row[j] = from[j] * decay;
+      kv[j] += row[j] * ki;
     }
-    for (int64_t i = 0; i < dk; ++i) {  // S += k u^T, and o = S^T (scale q) with the new S
-      float* row = s + i * dv;
-      const float ki = kt[i];
-      const float qi = qt[i] * scale;
-      for (int64_t j = 0; j < dv; ++j) {
-        row[j] += ki * ut[j];
-        ot[j] += row[j] * qi;
-      }
+  }
+  for (int64_t j = 0; j < dv; ++j) {
+    ut[j] = b * (vt[j] - kv[j]);
+    ot[j] = 0.0f;
+  }
+  for (int64_t i = 0; i < dk; ++i) {  // S += k u^T, and o = S^T (scale q) with the new S
+    float* row = s + i * dv;
+    const float ki = kt[i];
+    const float qi = qt[i] * scale;
+    for (int64_t j = 0; j < dv; ++j) {
+      row[j] += ki * ut[j];
+      ot[j] += row[j] * qi;
     }
-    if (states != nullptr) std::memcpy(states + ti * s_stride, s, sizeof(float) * dk * dv);
+  }
+}
+
+// One (batch row, value head) over t tokens: a chain (parent null: S advanced in place, every
+// state copied out when `states` is not null) or a tree (parent[r] < 0: node r starts from s0,
+// else from node parent[r]'s state; every node's state kept in `states`, S unused).
+__attribute__((target("avx2,fma"))) void Head(int64_t t, const int32_t* parent, int64_t dk,
+                                              int64_t dv, int64_t q_stride, int64_t v_stride,
+                                              int64_t gb_stride, int64_t s_stride,
+                                              const float* q, const float* k, const float* v,
+                                              const float* g, const float* beta, float scale,
+                                              const float* s0, float* s, float* o, float* u,
+                                              float* states, float* kv) {
+  for (int64_t r = 0; r < t; ++r) {
+    const float decay = std::exp(g[r * gb_stride]), b = beta[r * gb_stride];
+    const float *qt = q + r * q_stride, *kt = k + r * q_stride, *vt = v + r * v_stride;
+    float *ut = u + r * v_stride, *ot = o + r * v_stride, *node = states + r * s_stride;
+    if (parent != nullptr) {
+      const float* prev = parent[r] < 0 ? s0 : states + parent[r] * s_stride;
+      Token<false>(dk, dv, prev, node, qt, kt, vt, decay, b, scale, ut, ot, kv);
+      continue;
+    }
+    Token<true>(dk, dv, s, s, qt, kt, vt, decay, b, scale, ut, ot, kv);
+    if (states != nullptr) std::memcpy(node, s, sizeof(float) * dk * dv);
   }
 }
 
@@ -86,138 +102,103 @@ bool Dims(const ffi::Span<const int64_t>& d, std::initializer_list<int64_t> want
 // 160-token prefill 1.7x faster (BUILD_NOTES, sixth session).
 constexpr int64_t kMinShared = 64 * 1024;
 
-ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                     ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
-                     ffi::Buffer<ffi::F32> state0, ffi::ResultBuffer<ffi::F32> o,
-                     ffi::ResultBuffer<ffi::F32> final_state, ffi::ResultBuffer<ffi::F32> u,
-                     ffi::ResultBuffer<ffi::F32> states, float scale, int64_t threads) {
+// The inputs both window kernels take: q, k [b, t, hk, dk], v [b, t, hv, dv], g and beta
+// [b, t, hv], the state before the window [b, hv, dk, dv], and the outputs o and u [b, t, hv, dv].
+struct Window {
+  int64_t b, t, hk, dk, hv, dv;
+  const float *q, *k, *v, *g, *beta, *s0;
+  float *o, *u;
+};
+
+// The window's shapes: nullptr, or what is wrong with them.
+const char* Check(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffer<ffi::F32>& v,
+           ffi::Buffer<ffi::F32>& g, ffi::Buffer<ffi::F32>& beta, ffi::Buffer<ffi::F32>& state0,
+           ffi::ResultBuffer<ffi::F32>& o, ffi::ResultBuffer<ffi::F32>& u, Window* w) {
   auto qd = q.dimensions();
   auto vd = v.dimensions();
-  if (qd.size() != 4 || vd.size() != 4) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: q, k, v must have rank 4");
-  }
+  if (qd.size() != 4 || vd.size() != 4) return "q, k, v must have rank 4";
   const int64_t b = qd[0], t = qd[1], hk = qd[2], dk = qd[3], hv = vd[2], dv = vd[3];
-  const bool keep = states->element_count() != 0;
   if (hk <= 0 || hv % hk != 0 || !Dims(k.dimensions(), {b, t, hk, dk}) ||
       !Dims(vd, {b, t, hv, dv}) || !Dims(g.dimensions(), {b, t, hv}) ||
       !Dims(beta.dimensions(), {b, t, hv}) || !Dims(state0.dimensions(), {b, hv, dk, dv}) ||
-      !Dims(o->dimensions(), {b, t, hv, dv}) || !Dims(u->dimensions(), {b, t, hv, dv}) ||
-      !Dims(final_state->dimensions(), {b, hv, dk, dv}) ||
-      (keep && !Dims(states->dimensions(), {b, t, hv, dk, dv}))) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: shapes do not match");
+      !Dims(o->dimensions(), {b, t, hv, dv}) || !Dims(u->dimensions(), {b, t, hv, dv})) {
+    return "shapes do not match";
   }
-  const int64_t ratio = hv / hk, hs = dk * dv;
-  float* s_all = final_state->typed_data();
-  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-  const float *gp = g.typed_data(), *bp = beta.typed_data(), *s0 = state0.typed_data();
-  float *op = o->typed_data(), *up = u->typed_data();
-  float* sp = keep ? states->typed_data() : nullptr;
-  // (batch row, value head) units [u0, u1), each independent of the others
+  *w = {b,           t,           hk,
+        dk,          hv,          dv,
+        q.typed_data(), k.typed_data(), v.typed_data(),
+        g.typed_data(), beta.typed_data(), state0.typed_data(),
+        o->typed_data(), u->typed_data()};
+  return nullptr;
+}
+
+// Every (batch row, value head) of the window through Head, shared with helper threads when the
+// window is long: a chain (parent null) advancing `final` [b, hv, dk, dv] from the initial state
+// (copying each state out when `states` is not null), or a tree keeping every node's state.
+void Run(ffi::ThreadPool& pool, int64_t threads, const Window& w, const int32_t* parent,
+         float scale, float* final, float* states) {
+  const int64_t ratio = w.hv / w.hk, hs = w.dk * w.dv, t = w.t, hv = w.hv, dk = w.dk, dv = w.dv;
   auto heads = [=](int64_t u0, int64_t u1) {
     std::vector<float> kv(dv > 0 ? dv : 1);
     for (int64_t unit = u0; unit < u1; ++unit) {
       const int64_t bi = unit / hv, h = unit % hv, kh = h / ratio;
-      const int64_t qk0 = (bi * t * hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
-      const int64_t gb0 = bi * t * hv + h;
-      float* s = s_all + (bi * hv + h) * hs;
-      std::memcpy(s, s0 + (bi * hv + h) * hs, sizeof(float) * hs);
-      Head(t, dk, dv, hk * dk, hv * dv, hv, hv * hs, qp + qk0, kp + qk0, vp + v0, gp + gb0,
-           bp + gb0, scale, s, op + v0, up + v0,
-           keep ? sp + (bi * t * hv + h) * hs : nullptr, kv.data());
+      const int64_t qk0 = (bi * t * w.hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
+      const int64_t gb0 = bi * t * hv + h, s0 = (bi * hv + h) * hs;
+      float* s = final == nullptr ? nullptr : final + s0;
+      if (s != nullptr) std::memcpy(s, w.s0 + s0, sizeof(float) * hs);
+      Head(t, parent, dk, dv, w.hk * dk, hv * dv, hv, hv * hs, w.q + qk0, w.k + qk0, w.v + v0,
+           w.g + gb0, w.beta + gb0, scale, w.s0 + s0, s, w.o + v0, w.u + v0,
+           states == nullptr ? nullptr : states + (bi * t * hv + h) * hs, kv.data());
     }
   };
-  mtpspec::ParallelFor(pool, threads, b * hv, t * hs >= kMinShared, 2, heads);
+  mtpspec::ParallelFor(pool, threads, w.b * hv, t * hs >= kMinShared, 2, heads);
+}
+
+ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
+                     ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g,
+                     ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::F32> state0,
+                     ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> final_state,
+                     ffi::ResultBuffer<ffi::F32> u, ffi::ResultBuffer<ffi::F32> states,
+                     float scale, int64_t threads) {
+  Window w;
+  const bool keep = states->element_count() != 0;
+  if (const char* bad = Check(q, k, v, g, beta, state0, o, u, &w)) {
+    return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_gdn: ") + bad);
+  }
+  if (!Dims(final_state->dimensions(), {w.b, w.hv, w.dk, w.dv}) ||
+      (keep && !Dims(states->dimensions(), {w.b, w.t, w.hv, w.dk, w.dv}))) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: shapes do not match");
+  }
+  Run(pool, threads, w, nullptr, scale, final_state->typed_data(),
+      keep ? states->typed_data() : nullptr);
   return ffi::Error::Success();
 }
 
 // A tree window (speculative tree verification): node r advances from its parent's state
-// (parent[r] < 0: the state before the window) with Head's arithmetic, and every node's state is
-// kept (the commit selects the accepted path's). Nodes come breadth first, parents first.
-__attribute__((target("avx2,fma"))) void TreeHead(int64_t t, const int32_t* parent, int64_t dk,
-                                                  int64_t dv, int64_t q_stride, int64_t v_stride,
-                                                  int64_t gb_stride, int64_t s_stride,
-                                                  const float* q, const float* k, const float* v,
-                                                  const float* g, const float* beta, float scale,
-                                                  const float* s0, float* states, float* o,
-                                                  float* u, float* kv) {
-  for (int64_t r = 0; r < t; ++r) {
-    const float* prev = parent[r] < 0 ? s0 : states + parent[r] * s_stride;
-    float* s = states + r * s_stride;
-    const float* qt = q + r * q_stride;
-    const float* kt = k + r * q_stride;
-    const float* vt = v + r * v_stride;
-    float* ut = u + r * v_stride;
-    float* ot = o + r * v_stride;
-    const float decay = std::exp(g[r * gb_stride]);
-    const float b = beta[r * gb_stride];
-    for (int64_t j = 0; j < dv; ++j) kv[j] = 0.0f;
-    for (int64_t i = 0; i < dk; ++i) {  // decay the parent's state, and kv = S^T k
-      const float* from = prev + i * dv;
-      float* row = s + i * dv;
-      const float ki = kt[i];
-      for (int64_t j = 0; j < dv; ++j) {
-        row[j] = from[j] * decay;
-        kv[j] += row[j] * ki;
-      }
-    }
-    for (int64_t j = 0; j < dv; ++j) {
-      ut[j] = b * (vt[j] - kv[j]);
-      ot[j] = 0.0f;
-    }
-    for (int64_t i = 0; i < dk; ++i) {  // S += k u^T, and o = S^T (scale q) with the new S
-      float* row = s + i * dv;
-      const float ki = kt[i];
-      const float qi = qt[i] * scale;
-      for (int64_t j = 0; j < dv; ++j) {
-        row[j] += ki * ut[j];
-        ot[j] += row[j] * qi;
-      }
-    }
-  }
-}
-
+// (parent[r] < 0: the state before the window) with a chain token's arithmetic, and every node's
+// state is kept (the commit selects the accepted path's). Nodes come breadth first, parents first.
 ffi::Error GdnTree(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                    ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
                    ffi::Buffer<ffi::F32> state0, ffi::Buffer<ffi::S32> parent,
                    ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> u,
                    ffi::ResultBuffer<ffi::F32> states, float scale, int64_t threads) {
-  auto qd = q.dimensions();
-  auto vd = v.dimensions();
-  if (qd.size() != 4 || vd.size() != 4) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_tree: q, k, v must have rank 4");
+  Window w;
+  if (const char* bad = Check(q, k, v, g, beta, state0, o, u, &w)) {
+    return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_gdn_tree: ") + bad);
   }
-  const int64_t b = qd[0], t = qd[1], hk = qd[2], dk = qd[3], hv = vd[2], dv = vd[3];
-  if (hk <= 0 || hv % hk != 0 || !Dims(k.dimensions(), {b, t, hk, dk}) ||
-      !Dims(vd, {b, t, hv, dv}) || !Dims(g.dimensions(), {b, t, hv}) ||
-      !Dims(beta.dimensions(), {b, t, hv}) || !Dims(state0.dimensions(), {b, hv, dk, dv}) ||
-      !Dims(parent.dimensions(), {t}) || !Dims(o->dimensions(), {b, t, hv, dv}) ||
-      !Dims(u->dimensions(), {b, t, hv, dv}) || !Dims(states->dimensions(), {b, t, hv, dk, dv})) {
+  if (!Dims(parent.dimensions(), {w.t}) ||
+      !Dims(states->dimensions(), {w.b, w.t, w.hv, w.dk, w.dv})) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_tree: shapes do not match");
   }
   const int32_t* par = parent.typed_data();
-  for (int64_t r = 0; r < t; ++r) {
+  for (int64_t r = 0; r < w.t; ++r) {
     if (par[r] >= r || (r == 0) != (par[r] < 0)) {
       return ffi::Error::InvalidArgument(
           "mtpspec_cpu_gdn_tree: parents must precede their children, the root (row 0) alone "
           "has none");
     }
   }
-  const int64_t ratio = hv / hk, hs = dk * dv;
-  const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-  const float *gp = g.typed_data(), *bp = beta.typed_data(), *s0 = state0.typed_data();
-  float *op = o->typed_data(), *up = u->typed_data(), *sp = states->typed_data();
-  auto heads = [=](int64_t u0, int64_t u1) {
-    std::vector<float> kv(dv > 0 ? dv : 1);
-    for (int64_t unit = u0; unit < u1; ++unit) {
-      const int64_t bi = unit / hv, h = unit % hv, kh = h / ratio;
-      const int64_t qk0 = (bi * t * hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
-      const int64_t gb0 = bi * t * hv + h;
-      TreeHead(t, par, dk, dv, hk * dk, hv * dv, hv, hv * hs, qp + qk0, kp + qk0, vp + v0,
-               gp + gb0, bp + gb0, scale, s0 + (bi * hv + h) * hs, sp + (bi * t * hv + h) * hs,
-               op + v0, up + v0, kv.data());
-    }
-  };
-  mtpspec::ParallelFor(pool, threads, b * hv, t * hs >= kMinShared, 2, heads);
+  Run(pool, threads, w, par, scale, nullptr, states->typed_data());
   return ffi::Error::Success();
 }
 
