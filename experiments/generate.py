@@ -114,7 +114,9 @@ def linear_name(mesh) -> str:
 
     chosen = resolve_linear(FLAGS.linear, sharded=mesh is not None)
     ok, why = cpu_linear.status()
-    return f"{chosen!r}" if chosen == "ffi" or ok else f"{chosen!r} (C++ kernel: {why})"
+    if chosen == "ffi":
+        return f"{chosen!r} ({dict(avx2='AVX2', avx512='AVX-512')[cpu_linear.isa_name()]})"
+    return f"{chosen!r}" if ok else f"{chosen!r} (C++ kernel: {why})"
 
 
 def demo(mesh=None):

@@ -28,6 +28,8 @@ from mtpspec.models.inference import (
 
 COMPILER = shutil.which("c++") or shutil.which("g++")
 built = pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
+# the kernel's inner loops this CPU runs (AVX-512 only where it has it)
+ISAS = ["avx2"] + (["avx512"] if cpu_linear.has_avx512() else [])
 
 
 def test_the_kernel_is_built_wherever_a_compiler_is():
@@ -38,7 +40,15 @@ def test_the_kernel_is_built_wherever_a_compiler_is():
     assert ok, why
 
 
-def _check(rows, d_in, d_out, seed=0, scale=1.0):
+def _check(rows, d_in, d_out, seed=0, scale=1.0, isa="auto"):
+    cpu_linear.ISA, before = isa, cpu_linear.ISA
+    try:
+        _check_isa(rows, d_in, d_out, seed, scale)
+    finally:
+        cpu_linear.ISA = before
+
+
+def _check_isa(rows, d_in, d_out, seed, scale):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((rows, d_in)) * scale).astype(np.float32)
     w = rng.standard_normal((d_in, d_out)).astype(np.float32)
@@ -50,10 +60,11 @@ def _check(rows, d_in, d_out, seed=0, scale=1.0):
 
 
 @built
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 64, 121, 256])
 @pytest.mark.parametrize("d_in, d_out", [(128, 768), (384, 128), (1, 1), (7, 5), (33, 17)])
-def test_kernel_matches_float64_product(rows, d_in, d_out):
-    _check(rows, d_in, d_out)
+def test_kernel_matches_float64_product(rows, d_in, d_out, isa):
+    _check(rows, d_in, d_out, isa=isa)
 
 
 @built
@@ -63,10 +74,42 @@ def test_kernel_matches_float64_product(rows, d_in, d_out):
     d_in=st.integers(1, 300),
     d_out=st.integers(1, 300),
     seed=st.integers(0, 2**16),
+    isa=st.sampled_from(ISAS),
 )
-def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed):
-    """Off-tile widths, odd input counts, every row-block remainder (rows mod 6)."""
-    _check(rows, d_in, d_out, seed)
+def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed, isa):
+    """Off-tile widths (an odd tile count leaves AVX-512 one tile without a pair), odd input
+    counts, every row-block remainder (rows mod 6)."""
+    _check(rows, d_in, d_out, seed, isa=isa)
+
+
+@built
+@pytest.mark.parametrize("rows", [1, 3, 4, 6, 7])
+def test_avx512_pairs_change_no_value(monkeypatch, rows):
+    """AVX-512 takes full tiles two at a time: a column's value is the same whether its tile was
+    paired (32 output columns) or alone (16), so how the threads' chunks pair tiles is moot."""
+    if "avx512" not in ISAS:
+        pytest.skip("this CPU lacks AVX-512F")
+    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 70)).astype(np.float32)
+    w = rng.standard_normal((70, 48)).astype(np.float32)
+    f = jax.jit(cpu_linear.apply, static_argnums=2)
+    paired = np.asarray(f(x, cpu_linear.pack(w), 48))  # tiles 0-1 paired, tile 2 alone
+    for t in range(3):
+        alone = np.asarray(f(x, cpu_linear.pack(w[:, 16 * t : 16 * t + 16]), 16))
+        np.testing.assert_array_equal(paired[:, 16 * t : 16 * t + 16], alone)
+
+
+def test_bad_or_unsupported_isa_raises(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "ISA", "sse2")
+    with pytest.raises(ValueError, match="isa 'sse2'"):
+        cpu_linear.isa_code()
+    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
+    monkeypatch.setattr(cpu_linear, "has_avx512", lambda: False)
+    with pytest.raises(OSError, match="AVX-512F"):
+        cpu_linear.isa_code()
+    monkeypatch.setattr(cpu_linear, "ISA", "auto")
+    assert cpu_linear.isa_name() == "avx2"
 
 
 @built
@@ -176,13 +219,15 @@ def test_prefetch_and_threads_change_no_value(monkeypatch, rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 96)).astype(np.float32)
     wp = cpu_linear.pack(rng.standard_normal((96, 200)).astype(np.float32))
-    got = []
-    for prefetch, threads in ((0, 1), (64, 1), (64, 2), (8, 2)):
-        monkeypatch.setattr(cpu_linear, "PREFETCH", prefetch)
-        monkeypatch.setattr(cpu_linear, "THREADS", threads)
-        got.append(np.asarray(jax.jit(lambda a, b: cpu_linear.apply(a, b, 200))(x, wp)))
-    for y in got[1:]:
-        np.testing.assert_array_equal(y, got[0])
+    for isa in ISAS:
+        monkeypatch.setattr(cpu_linear, "ISA", isa)
+        got = []
+        for prefetch, threads in ((0, 1), (64, 1), (64, 2), (8, 2)):
+            monkeypatch.setattr(cpu_linear, "PREFETCH", prefetch)
+            monkeypatch.setattr(cpu_linear, "THREADS", threads)
+            got.append(np.asarray(jax.jit(lambda a, b: cpu_linear.apply(a, b, 200))(x, wp)))
+        for y in got[1:]:
+            np.testing.assert_array_equal(y, got[0])
 
 
 def test_inference_trees_are_memoized_by_leaf_identity(model):

@@ -23,6 +23,11 @@
 
 namespace ffi = xla::ffi;
 
+extern "C" int mtpspec_cpu_linear_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+
 namespace {
 
 constexpr int64_t kTile = 16;
@@ -90,29 +95,120 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
-// The block for each row count 1..6, with its accumulator sets (one row: 4 independent FMA
-// chains; 2-3 rows: 2; 4-6 rows: 1).
+// The same with AVX-512 (where the CPU has it): a tile's 16 columns are one 512-bit register, and
+// P = 2 tiles are taken side by side, so one broadcast input feeds two FMAs (with 32 registers
+// the accumulators of 6 rows x 2 tiles still fit). A column's sums are the same whether its tile
+// is taken alone or in a pair (same S, same order), so how tiles are paired (by the thread
+// chunks) never changes a result.
+template <int R, int S, int P>
+__attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k,
+                                                           const float* w, float* out,
+                                                           int64_t ldo, int64_t pf) {
+  const int64_t stride = k * kTile;  // from one tile to the next
+  __m512 acc[S][R][P];
+#pragma GCC unroll 8
+  for (int s = 0; s < S; ++s)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) acc[s][r][p] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + S <= k; i += S) {
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+      __m512 wv[P];
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) {
+        const float* wi = w + p * stride + (i + s) * kTile;
+        if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
+        wv[p] = _mm512_loadu_ps(wi);
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * k + i + s]);
+#pragma GCC unroll 2
+        for (int p = 0; p < P; ++p) acc[s][r][p] = _mm512_fmadd_ps(xb, wv[p], acc[s][r][p]);
+      }
+    }
+  }
+  for (; i < k; ++i) {  // the last k mod S inputs, into set 0
+    __m512 wv[P];
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) wv[p] = _mm512_loadu_ps(w + p * stride + i * kTile);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * k + i]);
+#pragma GCC unroll 2
+      for (int p = 0; p < P; ++p) acc[0][r][p] = _mm512_fmadd_ps(xb, wv[p], acc[0][r][p]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+    for (int p = 0; p < P; ++p) {
+      __m512 y = acc[0][r][p];
+      for (int s = 1; s < S; ++s) y = _mm512_add_ps(y, acc[s][r][p]);
+      _mm512_storeu_ps(out + r * ldo + p * kTile, y);
+    }
+}
+
+// One tile (possibly the partial last one), as Block.
+template <int R, int S>
+__attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k,
+                                                        const float* wt, float* y, int64_t n,
+                                                        int64_t c0, int64_t width, int64_t pf) {
+  if (width == kTile) {
+    TileRows512<R, S, 1>(x, k, wt, y + c0, n, pf);
+    return;
+  }
+  alignas(64) float buf[R * kTile];
+  TileRows512<R, S, 1>(x, k, wt, buf, kTile, pf);
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
+}
+
+// Two full tiles side by side (same arguments; width is 2 * 16).
+template <int R, int S>
+__attribute__((target("avx512f"))) inline void Pair512(const float* x, int64_t k,
+                                                       const float* wt, float* y, int64_t n,
+                                                       int64_t c0, int64_t, int64_t pf) {
+  TileRows512<R, S, 2>(x, k, wt, y + c0, n, pf);
+}
+
+// The block for each row count 1..6, with its accumulator sets: one row 4 independent FMA
+// chains per tile, 2-3 rows 2, 4-6 rows 1 (the same for AVX2 and AVX-512).
 using BlockFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t,
                          int64_t);
-constexpr BlockFn kBlocks[7] = {nullptr,      Block<1, 4>, Block<2, 2>, Block<3, 2>,
-                                Block<4, 1>, Block<5, 1>, Block<6, 1>};
+struct Isa {
+  BlockFn blocks[7];  // one tile
+  BlockFn pairs[7];   // two full tiles (nullptr: one at a time)
+};
+constexpr Isa kIsas[2] = {
+    {{nullptr, Block<1, 4>, Block<2, 2>, Block<3, 2>, Block<4, 1>, Block<5, 1>, Block<6, 1>},
+     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}},
+    {{nullptr, Block512<1, 4>, Block512<2, 2>, Block512<3, 2>, Block512<4, 1>, Block512<5, 1>,
+      Block512<6, 1>},
+     {nullptr, Pair512<1, 4>, Pair512<2, 2>, Pair512<3, 2>, Pair512<4, 1>, Pair512<5, 1>,
+      Pair512<6, 1>}}};
 
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
 // the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
 // depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
-// tile prefetches (the later ones find the tile in L1).
-__attribute__((target("avx2,fma"))) void RowTiles(const float* x, int64_t rows, int64_t k,
-                                                  const float* w, int64_t n, float* y, int64_t t0,
-                                                  int64_t t1, int64_t pf) {
-  for (int64_t t = t0; t < t1; ++t) {
+// tile prefetches (the later ones find the tile in L1). With AVX-512, full tiles go two at a time.
+void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
+              float* y, int64_t t0, int64_t t1, int64_t pf) {
+  for (int64_t t = t0; t < t1;) {
     const float* wt = w + t * k * kTile;
     const int64_t c0 = t * kTile;
     const int64_t width = n - c0 < kTile ? n - c0 : kTile;
+    const bool pair = isa.pairs[1] != nullptr && t + 1 < t1 && c0 + 2 * kTile <= n;
+    const BlockFn* fns = pair ? isa.pairs : isa.blocks;
     int64_t r = 0;
     for (; r + 6 <= rows; r += 6) {
-      kBlocks[6](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+      fns[6](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
     }
-    if (r < rows) kBlocks[rows - r](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+    if (r < rows) fns[rows - r](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+    t += pair ? 2 : 1;
   }
 }
 
@@ -120,11 +216,11 @@ __attribute__((target("avx2,fma"))) void RowTiles(const float* x, int64_t rows, 
 // them; a decode step or verify window is one block).
 constexpr int64_t kRowBlock = 60;  // a multiple of 6
 
-void Tiles(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y,
-           int64_t t0, int64_t t1, int64_t pf) {
+void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float* w,
+           int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
-    RowTiles(x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
+    RowTiles(isa, x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
   }
 }
 
@@ -133,6 +229,7 @@ void Tiles(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, f
 // Held by shared_ptr because the helper may start only after the caller has returned (when the
 // caller claimed everything itself), and then finds nothing to do.
 struct Work {
+  const Isa* isa;
   const float* x;
   const float* w;
   float* y;
@@ -140,9 +237,12 @@ struct Work {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
+  // Chunk c's first tile: chunks start on even tiles, so AVX-512's pairs stay whole.
+  int64_t Bound(int64_t c) const { return std::min(tiles, 2 * (c * ((tiles + 1) / 2) / chunks)); }
+
   void Run() {
     for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      Tiles(x, rows, k, w, n, y, c * tiles / chunks, (c + 1) * tiles / chunks, pf);
+      Tiles(*isa, x, rows, k, w, n, y, Bound(c), Bound(c + 1), pf);
       done.fetch_add(1, std::memory_order_release);
     }
   }
@@ -152,7 +252,7 @@ struct Work {
 constexpr int64_t kMinShared = 32 * 1024;
 
 ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf) {
+                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf, int64_t isa) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
@@ -164,12 +264,20 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   if (wd[1] != k || wd[2] != kTile || yd[0] != rows || tiles != (n + kTile - 1) / kTile) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }
+  if (isa != 0 && isa != 1) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: isa must be 0 (AVX2) or 1 (AVX-512)");
+  }
+  if (isa == 1 && !mtpspec_cpu_linear_avx512()) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: this CPU lacks AVX-512F");
+  }
+  const Isa& set = kIsas[isa];
   const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
   if (helpers <= 0 || tiles < 2 || rows * k * n < kMinShared) {
-    Tiles(x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles, pf);
+    Tiles(set, x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles, pf);
     return ffi::Error::Success();
   }
   auto work = std::make_shared<Work>();
+  work->isa = &set;
   work->x = x.typed_data();
   work->w = w.typed_data();
   work->y = y->typed_data();
@@ -194,7 +302,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, Linear,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("prefetch"));
+                                  .Attr<int64_t>("prefetch")
+                                  .Attr<int64_t>("isa"));
 
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();
@@ -204,4 +313,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 2; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 3; }

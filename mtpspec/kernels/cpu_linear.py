@@ -7,7 +7,9 @@ target.
 
 Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
 each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
-blocked GEMM, and a window of up to 6 rows reads every weight once. Work above ~32 K multiply-adds
+blocked GEMM, and a window of up to 6 rows reads every weight once. The inner loop is AVX2 or,
+where the CPU has it, AVX-512 with two tiles per pass (``ISA``; the two differ in the last bits,
+so every call of one program uses the same). Work above ~32 K multiply-adds
 is shared with one helper thread of XLA's intra-op pool (``THREADS``).
 """
 
@@ -29,6 +31,10 @@ THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
 # weight stream with the arithmetic, which a window of 3+ rows needs (BUILD_NOTES 2026-12-02,
 # fourth session: in-loop r(4) 1.47 -> 1.10). Read when a call is traced.
 PREFETCH = 64
+# The instruction set of the kernel's inner loop: "auto" (AVX-512 where the CPU has it, else
+# AVX2), "avx2" or "avx512" (raises OSError on a CPU without it). Read when a call is traced.
+ISA = os.environ.get("MTPSPEC_CPU_LINEAR_ISA", "auto")
+ISAS = ("auto", "avx2", "avx512")
 
 
 KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
@@ -37,6 +43,26 @@ available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status(
 
 def status() -> tuple[bool, str]:
     return KERNEL.status()
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512F (False when the library is not available)."""
+    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_avx512())
+
+
+def isa_name(isa: str | None = None) -> str:
+    """What ``isa`` (default ``ISA``) runs here: "avx512" or "avx2" ("auto" resolved)."""
+    return ("avx2", "avx512")[isa_code(isa)]
+
+
+def isa_code(isa: str | None = None) -> int:
+    """The kernel's ``isa`` attribute for ``isa`` (default ``ISA``): 0 AVX2, 1 AVX-512."""
+    isa = ISA if isa is None else isa
+    if isa not in ISAS:
+        raise ValueError(f"unknown CPU linear isa {isa!r}; expected one of {ISAS}")
+    if isa == "avx512" and not has_avx512():
+        raise OSError("the CPU linear's isa='avx512' needs a CPU with AVX-512F; this one lacks it")
+    return int(isa == "avx512" or (isa == "auto" and has_avx512()))
 
 
 def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
@@ -63,5 +89,9 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
-        x.astype(jnp.float32), wp, threads=np.int64(THREADS), prefetch=np.int64(PREFETCH)
+        x.astype(jnp.float32),
+        wp,
+        threads=np.int64(THREADS),
+        prefetch=np.int64(PREFETCH),
+        isa=np.int64(isa_code()),
     )
