@@ -6,7 +6,10 @@
 // read from memory once per call (software-prefetched `prefetch` rows ahead, so the stream
 // overlaps the arithmetic of a multi-row window) and re-read from L1/L2 for every further block
 // of rows. The row and accumulator-set loops are force-unrolled: left to GCC, the 5- and 6-row
-// blocks kept their accumulators in memory (2-3x slower).
+// blocks kept their accumulators in memory (2-3x slower). The `isa` attribute picks the inner
+// loop: 0 AVX2 (one tile, two 8-lane halves), 1 AVX-512F (two tiles per pass, so one broadcast
+// input feeds two 16-lane FMAs: 1.4-1.7x faster at 4-6 rows with the weights in L2; BUILD_NOTES,
+// 2026-12-03). The Python side resolves "auto" with `mtpspec_cpu_linear_avx512()`.
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
 // mtpspec/kernels/library.py, which checks `mtpspec_cpu_linear_supported()` first (the whole library
