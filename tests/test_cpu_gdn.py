@@ -12,11 +12,13 @@ import pytest
 import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models, ops
-from mtpspec.kernels import cpu_gdn
+from mtpspec.kernels import cpu_gdn, cpu_linear
 from mtpspec.ops.gdn import api as gdn_api
 from tests.gdn_testing import random_gdn_inputs, rel_err
 
 built = pytest.mark.skipif(not cpu_gdn.available(), reason=cpu_gdn.status()[1])
+# the token loops' instruction sets this CPU runs (AVX-512 only where it has it)
+ISAS = ["avx2"] + (["avx512"] if cpu_linear.has_avx512() else [])
 
 
 def _ffi(inputs, **kw):
@@ -25,11 +27,12 @@ def _ffi(inputs, **kw):
 
 
 @built
-@pytest.mark.parametrize("t", [2, 3, 8])
-def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t):
+@pytest.mark.parametrize("t,dv", [(2, 8), (3, 8), (8, 8), (3, 64), (3, 12)])
+def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t, dv):
     """A token's arithmetic does not depend on the window length: t single steps give exactly the
-    window's rows and final state (what makes a verify window and plain steps agree)."""
-    inputs = random_gdn_inputs(4, 2, t, 2, 2, 16, 8)
+    window's rows and final state (what makes a verify window and plain steps agree); value rows
+    in registers (dv 8, 64) and the plain loop (dv 12)."""
+    inputs = random_gdn_inputs(4, 2, t, 2, 2, 16, dv)
     o, final, aux = _ffi(inputs, return_states=True)
     q, k, v, g, beta, s = inputs
     for i in range(t):
@@ -39,6 +42,63 @@ def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t):
         np.testing.assert_array_equal(aux_i.u[:, 0], aux.u[:, i])
         np.testing.assert_array_equal(s, aux.states[:, i])
     np.testing.assert_array_equal(s, final)
+
+
+def _with_isa(monkeypatch, isa, fn, *args):
+    monkeypatch.setattr(cpu_linear, "ISA", isa)
+    jitted = jax.jit(fn)
+    assert f"isa = {cpu_linear.isa_code(isa)} : i64" in jitted.lower(*args).as_text()
+    return [np.asarray(x) for x in jitted(*args)]
+
+
+@built
+@pytest.mark.parametrize("dv", [8, 12, 16, 24, 48, 64, 80, 128])
+def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv):
+    """The AVX2 and AVX-512 loops (value rows in registers, in blocks of up to 64 columns: dv a
+    multiple of the vector width) and the plain loop (any other dv) compute every lane alike:
+    the two instruction sets give identical bits, a chain window and a tree window alike, and
+    both match the recurrence."""
+    from mtpspec.models.tree import TreeShape
+
+    q, k, v, g, beta, s0 = random_gdn_inputs(dv, 2, 5, 2, 2, 32, dv)
+    scale = 32**-0.5  # the recurrence's default
+    ref_o, ref_s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method="recurrent")
+    tree = TreeShape((2, 1, 1))
+    tq, tk, tv, tg, tb, _ = random_gdn_inputs(dv + 1, 2, tree.rows, 2, 2, 32, dv)
+    chains, trees = [], []
+    for isa in ISAS:
+        o, final, u, states = _with_isa(
+            monkeypatch, isa, lambda *a: cpu_gdn.apply(*a, scale, True), q, k, v, g, beta, s0
+        )
+        assert rel_err(o, ref_o) <= 1e-5 and rel_err(final, ref_s) <= 1e-5, isa
+        np.testing.assert_array_equal(states[:, -1], final)
+        chains.append((o, final, u, states))
+        tree_fn = lambda *a: cpu_gdn.apply_tree(*a, tree.parent, scale)  # noqa: E731
+        trees.append(_with_isa(monkeypatch, isa, tree_fn, tq, tk, tv, tg, tb, s0))
+    for got in (chains, trees):
+        for a, b in zip(got[-1], got[0], strict=True):
+            np.testing.assert_array_equal(a, b)
+    # a tree node equals the chain along its path: node 3 is root -> 1 -> 3
+    path = [0, 1, 3]
+    assert [int(tree.parent[i]) for i in path[1:]] == path[:-1]
+    o, _, _, states = _with_isa(
+        monkeypatch,
+        ISAS[-1],
+        lambda *a: cpu_gdn.apply(*a, scale, True),
+        *(x[:, path] for x in (tq, tk, tv, tg, tb)),
+        s0,
+    )
+    np.testing.assert_array_equal(trees[-1][0][:, path], o)
+    np.testing.assert_array_equal(trees[-1][2][:, path], states)
+
+
+@built
+def test_an_isa_this_cpu_lacks_is_refused_before_any_call(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
+    monkeypatch.setattr(cpu_linear, "has_avx512", lambda: False)
+    inputs = random_gdn_inputs(0, 1, 2, 1, 1, 8, 8)
+    with pytest.raises(OSError, match="AVX-512F"):
+        _ffi(inputs)
 
 
 @built
@@ -160,6 +220,24 @@ def test_native_replay_commit_equals_the_closed_form_for_every_count(dims):
         want = ops.state_after(s0, k, ops.GDNAux(u, g_cum), n)
         assert rel_err(native(s0, k, u, g_cum, n), want) <= 1e-6, j
     assert np.array_equal(native(s0, k, u, g_cum, jnp.zeros((b,), jnp.int32)), s0)  # n = 0: S_0
+
+
+@built
+def test_native_commit_takes_the_final_state_as_is_for_a_whole_window():
+    """Given the state a window ended in, rows that keep all t positions get it bit for bit (the
+    recurrence's own state: what plain steps hold), the others the closed form as without it."""
+    q, k, v, g, beta, s0 = random_gdn_inputs(5, 3, 4, 2, 2, 16, 16)
+    o, final, aux = _ffi((q, k, v, g, beta, s0))
+    k_heads = ops.expand_key_heads(k, 4)
+    n = jnp.asarray([4, 2, 0], jnp.int32)
+    native = jax.jit(cpu_gdn.commit)
+    with_final = native(s0, k_heads, aux.u, aux.g_cum, n, final)
+    without = native(s0, k_heads, aux.u, aux.g_cum, n)
+    np.testing.assert_array_equal(with_final[0], final[0])
+    np.testing.assert_array_equal(with_final[1:], without[1:])
+    assert rel_err(without[0], final[0]) <= 1e-5  # the closed form: the same state, other bits
+    with pytest.raises(ValueError, match="final"):
+        cpu_gdn.commit(s0, k_heads, aux.u, aux.g_cum, n, final[:, :1])
 
 
 @built

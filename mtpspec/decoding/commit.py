@@ -11,7 +11,8 @@ positions per sequence (n = 0 leaves the snapshot unchanged):
               ``gdn_states=True`` in the verify pass).
     "replay"  closed form S_n = e^{G_n} S_0 + Σ_{i≤n} e^{G_n − G_i} k_i u_iᵀ from the u_t the
               verify pass already computed (``ops.state_after``; with ``native``, set where the
-              window's GDN ran the C++ kernel, one C++ call per layer, ``cpu_gdn.commit``).
+              window's GDN ran the C++ kernel, one C++ call per layer, ``cpu_gdn.commit``, which
+              takes the window's final state as is where all t positions are kept).
   GDN conv window: slice of [old window ‖ window inputs] at offset n.
   Attention KV (target): the verified cache with length L + n; rows beyond are stale, masked.
 """
@@ -59,11 +60,17 @@ def _select_state(state0, commit: GDNCommit, n):
 
 
 def commit_gdn(
-    cache0: GDNCache, commit: GDNCommit, n: jax.Array, strategy: str, native: bool = False
+    cache0: GDNCache,
+    commit: GDNCommit,
+    n: jax.Array,
+    strategy: str,
+    native: bool = False,
+    final: jax.Array | None = None,
 ) -> GDNCache:
     """The GDN cache after the first ``n`` [b] positions of the verified window. ``native``: the
     "replay" strategy runs the C++ closed form (``cpu_gdn.commit``; windows of up to
-    ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form)."""
+    ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form), which takes ``final`` (the
+    state the window ended in, when given) as is for rows that keep the whole window."""
     t = commit.k.shape[1]
     if (
         strategy == "replay"
@@ -71,7 +78,9 @@ def commit_gdn(
         and t <= cpu_gdn.COMMIT_MAX_T
         and cpu_gdn.COMMIT_KERNEL.available()
     ):
-        state = cpu_gdn.commit(cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n)
+        state = cpu_gdn.commit(
+            cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n, final=final
+        )
     elif strategy == "scan":
         state = _scan_state(cache0.state, commit, n)
     elif strategy == "states":
@@ -98,7 +107,7 @@ def commit_window(
     layers = []
     for before, after, data in zip(snapshot.layers, verified.layers, commits, strict=True):
         if isinstance(before, GDNCache):
-            layers.append(commit_gdn(before, data, n, strategy, native))
+            layers.append(commit_gdn(before, data, n, strategy, native, final=after.state))
         else:  # attention: keep the written KV, rewind the length
             layers.append(after)
     return verified._replace(layers=tuple(layers), lengths=snapshot.lengths + n)

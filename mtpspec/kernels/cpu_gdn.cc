@@ -10,6 +10,12 @@
 // shared with helper tasks on XLA's intra-op pool (`threads` in all, the caller included;
 // parallel.h) when a call has enough work.
 //
+// A token is one of three loops with the same arithmetic lane by lane (so the same bits): for a
+// value width in whole vectors, blocks of up to 64 columns whose part of S^T k, u and o stays in
+// registers across the dk rows of S (AVX-512 where the `isa` attribute says 1, else AVX2); any
+// other width, a plain loop the compiler vectorises, which keeps them in memory (BUILD_NOTES,
+// eighth session, has the timings; experiments/native/gdn_token_bench.cc measures them).
+//
 // Built with cpu_linear.cc into one library; loaded by mtpspec/kernels/cpu_gdn.py.
 
 #include <immintrin.h>
@@ -25,6 +31,8 @@
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
+
+extern "C" int mtpspec_cpu_linear_avx512();  // cpu_linear.cc: whether this CPU has AVX-512F
 
 namespace {
 
@@ -65,28 +73,123 @@ __attribute__((target("avx2,fma"))) inline void Token(int64_t dk, int64_t dv, co
   }
 }
 
-// One (batch row, value head) over t tokens: a chain (parent null: S advanced in place, every
-// state copied out when `states` is not null) or a tree (parent[r] < 0: node r starts from s0,
-// else from node parent[r]'s state; every node's state kept in `states`, S unused).
-__attribute__((target("avx2,fma"))) void Head(int64_t t, const int32_t* parent, int64_t dk,
-                                              int64_t dv, int64_t q_stride, int64_t v_stride,
-                                              int64_t gb_stride, int64_t s_stride,
-                                              const float* q, const float* k, const float* v,
-                                              const float* g, const float* beta, float scale,
-                                              const float* s0, float* s, float* o, float* u,
-                                              float* states, float* kv) {
+// The same token, column block by column block: every column of S, u and o depends only on its
+// own column (and on q, k, v, g, beta), so a block of NV vectors of W lanes holds its part of
+// S^T k, then of u and o, in registers across the dk rows of S. Lane j computes exactly what the
+// plain loop above computes for column j (a multiply, then fused multiply-adds in the same order).
+#define MTPSPEC_GDN_BLOCK(NAME, ISA, VEC, W, LOAD, STORE, SET1, ZERO, MUL, SUB, FMADD)            \
+  template <int NV, bool InPlace>                                                                \
+  __attribute__((target(ISA))) inline void NAME(int64_t dk, int64_t dv, const float* prev,      \
+                                                float* s, const float* __restrict qt,            \
+                                                const float* __restrict kt,                      \
+                                                const float* __restrict vt, float decay, float b, \
+                                                float scale, float* __restrict ut,               \
+                                                float* __restrict ot) {                          \
+    VEC acc[NV], uu[NV], oo[NV];                                                                 \
+    for (int c = 0; c < NV; ++c) acc[c] = ZERO();                                                \
+    const VEC d = SET1(decay);                                                                   \
+    for (int64_t i = 0; i < dk; ++i) {                                                           \
+      float* row = s + i * dv;                                                                   \
+      const float* from = InPlace ? row : prev + i * dv;                                         \
+      const VEC ki = SET1(kt[i]);                                                                \
+      for (int c = 0; c < NV; ++c) {                                                             \
+        const VEC r = MUL(LOAD(from + W * c), d);                                                \
+        STORE(row + W * c, r);                                                                   \
+        acc[c] = FMADD(r, ki, acc[c]);                                                           \
+      }                                                                                          \
+    }                                                                                            \
+    const VEC bb = SET1(b);                                                                      \
+    for (int c = 0; c < NV; ++c) {                                                               \
+      uu[c] = MUL(bb, SUB(LOAD(vt + W * c), acc[c]));                                            \
+      STORE(ut + W * c, uu[c]);                                                                  \
+      oo[c] = ZERO();                                                                            \
+    }                                                                                            \
+    for (int64_t i = 0; i < dk; ++i) {                                                           \
+      float* row = s + i * dv;                                                                   \
+      const VEC ki = SET1(kt[i]), qi = SET1(qt[i] * scale);                                      \
+      for (int c = 0; c < NV; ++c) {                                                             \
+        const VEC r = FMADD(ki, uu[c], LOAD(row + W * c));                                       \
+        STORE(row + W * c, r);                                                                   \
+        oo[c] = FMADD(r, qi, oo[c]);                                                             \
+      }                                                                                          \
+    }                                                                                            \
+    for (int c = 0; c < NV; ++c) STORE(ot + W * c, oo[c]);                                       \
+  }
+
+MTPSPEC_GDN_BLOCK(Block256, "avx2,fma", __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps,
+                  _mm256_set1_ps, _mm256_setzero_ps, _mm256_mul_ps, _mm256_sub_ps,
+                  _mm256_fmadd_ps)
+MTPSPEC_GDN_BLOCK(Block512, "avx512f", __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+                  _mm512_set1_ps, _mm512_setzero_ps, _mm512_mul_ps, _mm512_sub_ps,
+                  _mm512_fmadd_ps)
+#undef MTPSPEC_GDN_BLOCK
+
+// A token through blocks of up to 64 columns (kMax vectors; 8 AVX2 or 4 AVX-512 registers per
+// row of S^T k, u and o), the last block narrower when dv is not a multiple of 64. dv: a
+// multiple of the vector width W.
+#define MTPSPEC_GDN_TOKEN(NAME, BLOCK, W)                                                        \
+  template <bool InPlace>                                                                        \
+  void NAME(int64_t dk, int64_t dv, const float* prev, float* s, const float* qt,                \
+            const float* kt, const float* vt, float decay, float b, float scale, float* ut,     \
+            float* ot, float*) {                                                                 \
+    constexpr int64_t kMax = 64 / W;                                                             \
+    for (int64_t j = 0; j < dv; j += 64) {                                                       \
+      const float* p = InPlace ? nullptr : prev + j;                                             \
+      float *sj = s + j, *uj = ut + j, *oj = ot + j;                                             \
+      switch (std::min<int64_t>(kMax, (dv - j) / W)) {                                           \
+        case 1: BLOCK<1, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 2: BLOCK<2, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 3: BLOCK<3, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 4: BLOCK<4, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 5: BLOCK<5, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 6: BLOCK<6, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        case 7: BLOCK<7, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj); break;\
+        default: BLOCK<kMax, InPlace>(dk, dv, p, sj, qt, kt, vt + j, decay, b, scale, uj, oj);   \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+MTPSPEC_GDN_TOKEN(Token256, Block256, 8)
+MTPSPEC_GDN_TOKEN(Token512, Block512, 16)
+#undef MTPSPEC_GDN_TOKEN
+
+// One token's loop: Token's arguments; `kv` is its scratch row (the plain loop's only).
+using TokenFn = void (*)(int64_t dk, int64_t dv, const float* prev, float* s, const float* qt,
+                         const float* kt, const float* vt, float decay, float b, float scale,
+                         float* ut, float* ot, float* kv);
+
+// The loop for value width dv: in registers where dv is a multiple of the vector width (16 for
+// AVX-512, isa 1; 8 for AVX2, isa 0), else the plain loop.
+template <bool InPlace>
+TokenFn Pick(int64_t dv, int64_t isa) {
+  if (isa == 1 && dv % 16 == 0) return Token512<InPlace>;
+  if (dv % 8 == 0) return Token256<InPlace>;
+  return Token<InPlace>;
+}
+
+// One (batch row, value head) over t tokens: a chain (parent null: the first token reads s0 and
+// writes S, the rest advance S in place, every state copied out when `states` is not null) or a
+// tree (parent[r] < 0: node r starts from s0, else from node parent[r]'s state; every node's state
+// kept in `states`, S unused). `from` and `in_place`: Pick's loops for this head width.
+void Head(int64_t t, const int32_t* parent, int64_t dk, int64_t dv, int64_t q_stride,
+          int64_t v_stride, int64_t gb_stride, int64_t s_stride, const float* q, const float* k,
+          const float* v, const float* g, const float* beta, float scale, const float* s0,
+          float* s, float* o, float* u, float* states, float* kv, TokenFn from,
+          TokenFn in_place) {
   for (int64_t r = 0; r < t; ++r) {
     const float decay = std::exp(g[r * gb_stride]), b = beta[r * gb_stride];
     const float *qt = q + r * q_stride, *kt = k + r * q_stride, *vt = v + r * v_stride;
     float *ut = u + r * v_stride, *ot = o + r * v_stride, *node = states + r * s_stride;
     if (parent != nullptr) {
       const float* prev = parent[r] < 0 ? s0 : states + parent[r] * s_stride;
-      Token<false>(dk, dv, prev, node, qt, kt, vt, decay, b, scale, ut, ot, kv);
+      from(dk, dv, prev, node, qt, kt, vt, decay, b, scale, ut, ot, kv);
       continue;
     }
-    Token<true>(dk, dv, s, s, qt, kt, vt, decay, b, scale, ut, ot, kv);
+    (r == 0 ? from : in_place)(dk, dv, r == 0 ? s0 : s, s, qt, kt, vt, decay, b, scale, ut, ot,
+                               kv);
     if (states != nullptr) std::memcpy(node, s, sizeof(float) * dk * dv);
   }
+  if (parent == nullptr && t == 0) std::memcpy(s, s0, sizeof(float) * dk * dv);
 }
 
 bool Dims(const ffi::Span<const int64_t>& d, std::initializer_list<int64_t> want) {
@@ -135,9 +238,10 @@ const char* Check(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& k, ffi::Buffe
 // Every (batch row, value head) of the window through Head, shared with helper threads when the
 // window is long: a chain (parent null) advancing `final` [b, hv, dk, dv] from the initial state
 // (copying each state out when `states` is not null), or a tree keeping every node's state.
-void Run(ffi::ThreadPool& pool, int64_t threads, const Window& w, const int32_t* parent,
-         float scale, float* final, float* states) {
+void Run(ffi::ThreadPool& pool, int64_t threads, int64_t isa, const Window& w,
+         const int32_t* parent, float scale, float* final, float* states) {
   const int64_t ratio = w.hv / w.hk, hs = w.dk * w.dv, t = w.t, hv = w.hv, dk = w.dk, dv = w.dv;
+  const TokenFn from = Pick<false>(dv, isa), in_place = Pick<true>(dv, isa);
   auto heads = [=](int64_t u0, int64_t u1) {
     std::vector<float> kv(dv > 0 ? dv : 1);
     for (int64_t unit = u0; unit < u1; ++unit) {
@@ -145,13 +249,20 @@ void Run(ffi::ThreadPool& pool, int64_t threads, const Window& w, const int32_t*
       const int64_t qk0 = (bi * t * w.hk + kh) * dk, v0 = (bi * t * hv + h) * dv;
       const int64_t gb0 = bi * t * hv + h, s0 = (bi * hv + h) * hs;
       float* s = final == nullptr ? nullptr : final + s0;
-      if (s != nullptr) std::memcpy(s, w.s0 + s0, sizeof(float) * hs);
       Head(t, parent, dk, dv, w.hk * dk, hv * dv, hv, hv * hs, w.q + qk0, w.k + qk0, w.v + v0,
            w.g + gb0, w.beta + gb0, scale, w.s0 + s0, s, w.o + v0, w.u + v0,
-           states == nullptr ? nullptr : states + (bi * t * hv + h) * hs, kv.data());
+           states == nullptr ? nullptr : states + (bi * t * hv + h) * hs, kv.data(), from,
+           in_place);
     }
   };
   mtpspec::ParallelFor(pool, threads, w.b * hv, t * hs >= kMinShared, 2, heads);
+}
+
+// nullptr, or what is wrong with the `isa` attribute (0 AVX2, 1 AVX-512 on a CPU that has it).
+const char* BadIsa(int64_t isa) {
+  if (isa != 0 && isa != 1) return "isa must be 0 (AVX2) or 1 (AVX-512)";
+  if (isa == 1 && !mtpspec_cpu_linear_avx512()) return "this CPU lacks AVX-512F";
+  return nullptr;
 }
 
 ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
@@ -159,17 +270,18 @@ ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
                      ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::F32> state0,
                      ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> final_state,
                      ffi::ResultBuffer<ffi::F32> u, ffi::ResultBuffer<ffi::F32> states,
-                     float scale, int64_t threads) {
+                     float scale, int64_t threads, int64_t isa) {
   Window w;
   const bool keep = states->element_count() != 0;
-  if (const char* bad = Check(q, k, v, g, beta, state0, o, u, &w)) {
+  const char* bad = BadIsa(isa);
+  if (bad != nullptr || (bad = Check(q, k, v, g, beta, state0, o, u, &w)) != nullptr) {
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_gdn: ") + bad);
   }
   if (!Dims(final_state->dimensions(), {w.b, w.hv, w.dk, w.dv}) ||
       (keep && !Dims(states->dimensions(), {w.b, w.t, w.hv, w.dk, w.dv}))) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_gdn: shapes do not match");
   }
-  Run(pool, threads, w, nullptr, scale, final_state->typed_data(),
+  Run(pool, threads, isa, w, nullptr, scale, final_state->typed_data(),
       keep ? states->typed_data() : nullptr);
   return ffi::Error::Success();
 }
@@ -181,9 +293,11 @@ ffi::Error GdnTree(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
                    ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta,
                    ffi::Buffer<ffi::F32> state0, ffi::Buffer<ffi::S32> parent,
                    ffi::ResultBuffer<ffi::F32> o, ffi::ResultBuffer<ffi::F32> u,
-                   ffi::ResultBuffer<ffi::F32> states, float scale, int64_t threads) {
+                   ffi::ResultBuffer<ffi::F32> states, float scale, int64_t threads,
+                   int64_t isa) {
   Window w;
-  if (const char* bad = Check(q, k, v, g, beta, state0, o, u, &w)) {
+  const char* bad = BadIsa(isa);
+  if (bad != nullptr || (bad = Check(q, k, v, g, beta, state0, o, u, &w)) != nullptr) {
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_gdn_tree: ") + bad);
   }
   if (!Dims(parent.dimensions(), {w.t}) ||
@@ -198,7 +312,7 @@ ffi::Error GdnTree(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
           "has none");
     }
   }
-  Run(pool, threads, w, par, scale, nullptr, states->typed_data());
+  Run(pool, threads, isa, w, par, scale, nullptr, states->typed_data());
   return ffi::Error::Success();
 }
 
@@ -207,6 +321,9 @@ ffi::Error GdnTree(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
 //     S_n = e^{G_n} S_0 + sum_{i < n} e^{G_n - G_i} k_i u_i^T      (G_n = 0 when n = 0)
 // one row of S (dv wide) at a time: a scale and n fused multiply-adds. In place of the masked
 // batched matmul, its transposes and exp fusions that XLA:CPU compiles the same formula to.
+// Given the state the window ended in (`final_state`, not empty), a row that keeps all t
+// positions copies it instead: the recurrence's own state, as a plain step would hold it, and
+// no arithmetic (a fully accepted draft is the commonest case).
 __attribute__((target("avx2,fma"))) void CommitHead(int64_t nn, int64_t dk, int64_t dv,
                                                     int64_t k_stride, int64_t u_stride,
                                                     int64_t g_stride, const float* s0,
@@ -239,20 +356,29 @@ __attribute__((target("avx2,fma"))) void CommitHead(int64_t nn, int64_t dk, int6
 
 ffi::Error GdnCommit(ffi::Buffer<ffi::F32> state0, ffi::Buffer<ffi::F32> k,
                      ffi::Buffer<ffi::F32> u, ffi::Buffer<ffi::F32> g_cum,
-                     ffi::Buffer<ffi::S32> n, ffi::ResultBuffer<ffi::F32> out) {
+                     ffi::Buffer<ffi::S32> n, ffi::Buffer<ffi::F32> final_state,
+                     ffi::ResultBuffer<ffi::F32> out) {
   auto sd = state0.dimensions(), kd = k.dimensions();
   if (sd.size() != 4 || kd.size() != 4) {
     return ffi::Error::InvalidArgument(
         "mtpspec_cpu_gdn_commit: expected state0 [b, h, dk, dv], k [b, t, h, dk]");
   }
   const int64_t b = sd[0], h = sd[1], dk = sd[2], dv = sd[3], t = kd[1];
+  const bool has_final = final_state.element_count() != 0;
   if (!Dims(kd, {b, t, h, dk}) || !Dims(u.dimensions(), {b, t, h, dv}) ||
       !Dims(g_cum.dimensions(), {b, t, h}) || !Dims(n.dimensions(), {b}) ||
-      !Dims(out->dimensions(), {b, h, dk, dv}) || t > 64) {
+      !Dims(out->dimensions(), {b, h, dk, dv}) || t > 64 ||
+      (has_final && !Dims(final_state.dimensions(), {b, h, dk, dv}))) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_gdn_commit: shapes do not match");
   }
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t nn = std::clamp<int64_t>(n.typed_data()[bi], 0, t);
+    const int64_t row = bi * h * dk * dv;
+    if (has_final && nn == t) {  // the whole window kept: the state the window ended in
+      std::memcpy(out->typed_data() + row, final_state.typed_data() + row,
+                  sizeof(float) * h * dk * dv);
+      continue;
+    }
     for (int64_t hi = 0; hi < h; ++hi) {
       const int64_t hs = (bi * h + hi) * dk * dv;
       CommitHead(nn, dk, dv, h * dk, h * dv, h, state0.typed_data() + hs,
@@ -279,7 +405,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdn, GdnWindow,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // u
                                   .Ret<ffi::Buffer<ffi::F32>>()  // states, or empty
                                   .Attr<float>("scale")
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("isa"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnCommit, GdnCommit,
                               ffi::Ffi::Bind()
@@ -288,6 +415,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnCommit, GdnCommit,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // u
                                   .Arg<ffi::Buffer<ffi::F32>>()  // cumulative log-decays
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions kept
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // state after all, or empty
                                   .Ret<ffi::Buffer<ffi::F32>>());  // state after them
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnTree, GdnTree,
@@ -304,4 +432,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuGdnTree, GdnTree,
                                   .Ret<ffi::Buffer<ffi::F32>>()  // u
                                   .Ret<ffi::Buffer<ffi::F32>>()  // every node's state
                                   .Attr<float>("scale")
-                                  .Attr<int64_t>("threads"));
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("isa"));

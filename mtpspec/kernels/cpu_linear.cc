@@ -316,4 +316,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 3; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 4; }
