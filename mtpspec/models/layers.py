@@ -45,18 +45,30 @@ def norm(config: ModelConfig, x: jax.Array, w: jax.Array) -> jax.Array:
 # ---- rotary embedding ---------------------------------------------------------------------------
 
 
-def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Partial NeoX-style RoPE on the first rotary_dim dims; x [b, t, h, d], positions [b, t]."""
+def rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos and sin [b, t, 1, rotary_dim] of positions [b, t] (NeoX layout: each half repeated)."""
     rd = config.rotary_dim
     inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, rd, 2, dtype=jnp.float32) / rd))
     ang = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, t, rd/2]
     cos = jnp.concatenate([jnp.cos(ang), jnp.cos(ang)], -1)[:, :, None]
     sin = jnp.concatenate([jnp.sin(ang), jnp.sin(ang)], -1)[:, :, None]
+    return cos, sin
+
+
+def rotate(config: ModelConfig, x: jax.Array, tables: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """Partial NeoX-style RoPE on the first rotary_dim dims of x [b, t, h, d] (``rope_tables``)."""
+    rd = config.rotary_dim
+    cos, sin = tables
     xf = x.astype(jnp.float32)
     rot, rest = xf[..., :rd], xf[..., rd:]
     x1, x2 = rot[..., : rd // 2], rot[..., rd // 2 :]
     rotated = rot * cos + jnp.concatenate([-x2, x1], -1) * sin
     return jnp.concatenate([rotated, rest], -1).astype(x.dtype)
+
+
+def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Partial NeoX-style RoPE on the first rotary_dim dims; x [b, t, h, d], positions [b, t]."""
+    return rotate(config, x, rope_tables(config, positions))
 
 
 # ---- gated full attention -----------------------------------------------------------------------
@@ -212,7 +224,11 @@ def attention_inputs(config: ModelConfig, p: dict, x: jax.Array, positions: jax.
     q, gate, k, v = projections(x, p, FUSED["attn"])
     q, k, v = q.reshape(b, t, hq, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
     q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
-    return apply_rope(config, q, positions), gate, apply_rope(config, k, positions), v
+    # One pair of tables for q and k: with two consumers XLA:CPU keeps cos and sin in their own
+    # small fusion; fused into each rotation it evaluates them once per output element, every
+    # head (8 us of a 4-row window's rope fusion, BUILD_NOTES, eighth session).
+    tables = rope_tables(config, positions)
+    return rotate(config, q, tables), gate, rotate(config, k, tables), v
 
 
 def attention_output(p: dict, o: jax.Array, gate: jax.Array, dtype) -> jax.Array:
