@@ -136,3 +136,49 @@ def test_acceptance_by_context_position_by_hand():
         by_context_position([5], [[1]], k=1, bucket=0)
     with pytest.raises(ValueError, match="prompt lengths"):
         by_context_position([5, 6], [[1]], k=1, bucket=4)
+
+
+def test_loop_profile_maps_thunks_to_targets_and_source_functions():
+    """``experiments.loop_profile``'s HLO reading, on a hand-written module: FFI calls to their
+    targets (the linear by its rows), fusions to their source functions innermost first."""
+    from experiments import loop_profile
+
+    hlo = "\n".join(
+        [
+            "HloModule jit_run",
+            "",
+            "FileNames",
+            '1 "/x/mtpspec/models/layers.py"',
+            '2 "/x/mtpspec/ops/norms.py"',
+            "",
+            "FunctionNames",
+            '1 "decoder_layer"',
+            '2 "rms_norm"',
+            "",
+            "FileLocations",
+            "1 {file_name_id=1 function_name_id=1 line=10 end_line=10 column=1 end_column=2}",
+            "2 {file_name_id=2 function_name_id=2 line=20 end_line=20 column=1 end_column=2}",
+            "",
+            "StackFrames",
+            "1 {file_location_id=1 parent_frame_id=1}",
+            "2 {file_location_id=2 parent_frame_id=1}",
+            "",
+            "ENTRY %main {",
+            "  %ffi_call.3 = f32[4,256]{1,0} custom-call(%a, %b), "
+            'custom_call_target="mtpspec_cpu_linear"',
+            "  %ffi_call.4 = (f32[1,4,4,64]{3,2,1,0}, f32[1]{0}) custom-call(%c), "
+            'custom_call_target="mtpspec_cpu_gdn"',
+            "  %add_rsqrt_fusion.2 = f32[4]{0} fusion(%d), kind=kLoop, calls=%f, "
+            'metadata={op_name="jit(run)/rsqrt" stack_frame_id=2}',
+            "  %copy.1 = f32[4]{0} copy(%e)",
+            "}",
+        ]
+    )
+    assert loop_profile.ffi_targets(hlo) == {
+        "ffi_call.3": "linear, 4 rows",
+        "ffi_call.4": "mtpspec_cpu_gdn",
+    }
+    frames = loop_profile.source_frames(hlo)
+    assert frames["add_rsqrt_fusion.2"] == ["rms_norm", "decoder_layer"]
+    assert "copy.1" not in frames  # no stack frame: reported as "?"
+    assert loop_profile.source_frames("HloModule m\nENTRY %main {\n}") == {}
