@@ -6,8 +6,9 @@ kernels by target, and XLA's own fusions ("glue") by the source function that em
 
 Runs the first demo prompt (batch 1, ``--max_new_tokens``) twice to compile and warm, a third time
 under ``jax.profiler``; then reads the trace's per-thunk durations and the compiled program's HLO
-(the same program compiled again: thunk names are deterministic), and reports per loop
-iteration the median of every thunk that ran once (or a fixed number of times) per iteration:
+(the same program compiled again, with the same options: thunk names are deterministic), and
+reports per loop iteration the median of every thunk that ran once (or a fixed number of times)
+per iteration:
 
 - each FFI target (the C++ linear split by its row count), and the glue in all;
 - the glue by source: the innermost ``--depth`` functions of the stack XLA kept for each fusion
@@ -32,6 +33,7 @@ from absl import app, flags
 
 from experiments import cli
 from mtpspec import checkpoints, decoding
+from mtpspec.decoding import program
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
@@ -135,7 +137,7 @@ def main(argv):
     prep = decoding.prepare(
         config, params, [prompt], max_new_tokens=FLAGS.max_new_tokens, speculative=spec
     )
-    hlo = prep.lower().compile().as_text()
+    hlo = prep.lower().compile(compiler_options=program.compiler_options()).as_text()
     targets, frames = ffi_targets(hlo), source_frames(hlo)
     kinds, glue, calls = collections.Counter(), collections.Counter(), collections.Counter()
     for name, (us, n) in thunk_medians(trace_dir, iters).items():

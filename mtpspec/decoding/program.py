@@ -202,6 +202,21 @@ step_jit = jax.jit(step, static_argnums=0)
 
 log = logging.getLogger(__name__)
 
+# XLA options for the compiled decoding programs on CPU. XLA's tree-reduction rewrite splits every
+# reduction longer than 32 elements into a reduce-window and a reduce, neither fused with the
+# squares before them, so each RMS or L2 norm of a decode step ran as ~4 thunks: ~70
+# reduce-windows per MTP k = 3 iteration, at ~1.5 µs each (BUILD_NOTES, eighth session). Without
+# it a norm is one fusion. Decoding's reductions are short (a hidden or head width, the
+# vocabulary), where a plain vectorised reduce loses no precision that matters; training and
+# ``forward`` keep XLA's defaults.
+CPU_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "tree_reduction_rewriter"}
+
+
+def compiler_options() -> dict | None:
+    """The XLA options a decoding program is compiled with on this backend."""
+    return CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
+
+
 # Above this share of the kernel's limit on memory mappings, the next compile first releases every
 # compiled program (see ``relieve_map_pressure``).
 MAP_HEADROOM = 0.7
@@ -281,7 +296,7 @@ class ProgramCache:
             self._entries.move_to_end(sig)
             return self._entries[sig], False
         relieve_map_pressure()
-        compiled = run_jit.lower(s, *args).compile()
+        compiled = run_jit.lower(s, *args).compile(compiler_options=compiler_options())
         self.compiles += 1
         self._entries[sig] = compiled
         while len(self._entries) > self.maxsize:
