@@ -189,6 +189,29 @@ def test_a_64_token_generation_compiles_once(moe_model):
     assert len(first.tokens[0]) == 64 and len(again.tokens[0]) == 60
 
 
+def test_cpu_decoding_programs_compile_without_split_reductions(moe_model):
+    """On CPU a decoding program is compiled with ``program.CPU_COMPILER_OPTIONS``: XLA's
+    tree-reduction rewrite (every norm's reduction split into a reduce-window and a reduce,
+    ~4 thunks per norm) is off, so the cached program has far fewer reduce-windows than the same
+    lowering compiled with XLA's defaults."""
+    from mtpspec.decoding import program
+
+    if jax.default_backend() != "cpu":
+        pytest.skip("CPU-only compiler options")
+    assert program.compiler_options() == program.CPU_COMPILER_OPTIONS
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer="mtp", num_draft=2)
+    prep = mtpspec.decoding.prepare(config, params, [[1, 2, 3]], max_new_tokens=8, speculative=spec)
+    prep.compiled()  # through the program cache
+    (cached,) = [c for sig, c in program.CACHE._entries.items() if sig[0] == prep.key]
+    default = prep.lower().compile()
+
+    def count(c):
+        return c.as_text().count(" reduce-window(")
+
+    assert count(cached) < count(default) / 2, (count(cached), count(default))
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_capacity_stops_cleanly_with_a_status(moe_model, plain_moe, k):
     config, params = moe_model
