@@ -5,10 +5,9 @@ kernels by target, and XLA's own fusions ("glue") by the source function that em
     python -m experiments.loop_profile --config=none --depth=1 --top=15
 
 Runs the first demo prompt (batch 1, ``--max_new_tokens``) twice to compile and warm, a third time
-under ``jax.profiler``; then reads the trace's per-thunk durations and the compiled program's HLO
-(the same program compiled again, with the same options: thunk names are deterministic), and
-reports per loop iteration the median of every thunk that ran once (or a fixed number of times)
-per iteration:
+under ``jax.profiler``; then reads the trace's per-thunk durations and the HLO of that same
+compiled program (the program cache's entry), and reports per loop iteration the median of every
+thunk that ran once (or a fixed number of times) per iteration:
 
 - each FFI target (the C++ linear split by its row count), and the glue in all;
 - the glue by source: the innermost ``--depth`` functions of the stack XLA kept for each fusion
@@ -33,7 +32,6 @@ from absl import app, flags
 
 from experiments import cli
 from mtpspec import checkpoints, decoding
-from mtpspec.decoding import program
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
@@ -137,7 +135,8 @@ def main(argv):
     prep = decoding.prepare(
         config, params, [prompt], max_new_tokens=FLAGS.max_new_tokens, speculative=spec
     )
-    hlo = prep.lower().compile(compiler_options=program.compiler_options()).as_text()
+    compiled, _ = prep.compiled()  # the program cache's entry: the very program traced above
+    hlo = compiled.as_text()
     targets, frames = ffi_targets(hlo), source_frames(hlo)
     kinds, glue, calls = collections.Counter(), collections.Counter(), collections.Counter()
     for name, (us, n) in thunk_medians(trace_dir, iters).items():

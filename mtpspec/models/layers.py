@@ -66,11 +66,6 @@ def rotate(config: ModelConfig, x: jax.Array, tables: tuple[jax.Array, jax.Array
     return jnp.concatenate([rotated, rest], -1).astype(x.dtype)
 
 
-def apply_rope(config: ModelConfig, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Partial NeoX-style RoPE on the first rotary_dim dims; x [b, t, h, d], positions [b, t]."""
-    return rotate(config, x, rope_tables(config, positions))
-
-
 # ---- gated full attention -----------------------------------------------------------------------
 
 
