@@ -57,7 +57,7 @@ def _ext_modules():
                 "mtpspec/kernels/cpu_gdn.cc",
                 "mtpspec/kernels/cpu_attention.cc",
             ],
-            depends=["mtpspec/kernels/parallel.h"],
+            depends=["mtpspec/kernels/isa.h", "mtpspec/kernels/parallel.h"],
             include_dirs=[jax.ffi.include_dir()],
             extra_compile_args=["-O3", "-std=c++17", "-w"],
             language="c++",

@@ -1,6 +1,7 @@
 """The C++ attention kernel (``mtpspec/kernels/cpu_attention.cc``): values against the XLA form
-(``layers.cached_attention``), window invariance, only the live prefix read, use inside loops, the
-rule that selects it, and decoding tokens with and without it."""
+(``layers.cached_attention``), window invariance, the same bits from both instruction sets, only
+the live prefix read (by each row of a window, whatever its lane neighbours see), use inside
+loops, the rule that selects it, and decoding tokens with and without it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models
-from mtpspec.kernels import cpu_attention
+from mtpspec.kernels import cpu_attention, cpu_linear
 from mtpspec.models import layers
 from mtpspec.models.inference import AttentionCore, resolve_attention
 
@@ -71,6 +72,57 @@ def test_the_helper_thread_changes_no_bit(monkeypatch, t):
         got.append(np.asarray(jax.jit(lambda *a: cpu_attention.apply(*a, 0.125))(q, k, v, pos)))
     for o in got[1:]:
         np.testing.assert_array_equal(o, got[0])
+
+
+def _with_isa(monkeypatch, isa, fn, *args):
+    monkeypatch.setattr(cpu_linear, "ISA", isa)
+    jitted = jax.jit(fn)
+    assert f"isa = {cpu_linear.isa_code(isa)} : i64" in jitted.lower(*args).as_text()
+    return np.asarray(jitted(*args))
+
+
+@built
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 4, 1, 64, 291), (1, 4, 4, 1, 64, 291), (2, 5, 8, 2, 32, 40), (1, 37, 6, 3, 24, 60)],
+)
+def test_both_instruction_sets_give_the_same_bits(monkeypatch, shape):
+    """A kv head's query rows ride the vector lanes together (groups of 16 with AVX-512, 8 with
+    AVX2, so the groups differ): every lane's arithmetic is a row's own, and the two instruction
+    sets give identical bits — here 4, 16, 20 and 74 rows per kv head."""
+    if not cpu_linear.has_avx512():
+        pytest.skip("this CPU lacks AVX-512F")
+    q, k, v, pos = _inputs(sum(shape), *shape)
+    got = [
+        _with_isa(monkeypatch, isa, lambda *a: cpu_attention.apply(*a, 0.125), q, k, v, pos)
+        for isa in ("avx2", "avx512")
+    ]
+    np.testing.assert_array_equal(got[0], got[1])
+
+
+@built
+def test_an_isa_the_kernel_does_not_know_is_refused():
+    q, k, v, pos = _inputs(0, 1, 1, 2, 1, 8, 4)
+    call = jax.ffi.ffi_call(cpu_attention.TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    with pytest.raises(Exception, match="isa must be 0"):
+        call(q, k, v, pos, scale=np.float32(0.3), threads=np.int64(1), isa=np.int64(7))
+
+
+@built
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_what_later_rows_see_never_reaches_earlier_rows(bad):
+    """In one window a row shares its vector group with rows that see more slots: NaN or ±inf in
+    the slot only the last token's rows see leaves every other row's bits as when it runs alone
+    on a clean cache (the slots a row may not see are masked, never multiplied by zero); the rows
+    that see it come out NaN."""
+    q, k, v, pos = _inputs(8, 1, 8, 4, 1, 32, 40)  # 32 rows: two 16-lane groups, or four of 8
+    last = int(pos[0, -1])
+    k_bad, v_bad = k.at[:, :, last].set(bad), v.at[:, :, :, last].set(bad)
+    window = np.asarray(cpu_attention.apply(q, k_bad, v_bad, pos, 0.2))
+    for i in range(7):
+        one = cpu_attention.apply(q[:, i : i + 1], k, v, pos[:, i : i + 1], 0.2)
+        np.testing.assert_array_equal(np.asarray(one)[:, 0], window[:, i])
+    assert np.isnan(window[:, 7]).all()  # q . k over ±inf has terms of both signs: NaN
 
 
 @built

@@ -7,16 +7,18 @@
 q [b, t, hq, d]; the cache as the decode state keeps it, k [b, g, n, d] and v transposed
 [b, g, d, n], already holding the window's own keys; positions [b, t] int32: query i reads slots
 0..positions[i] (only the live prefix, not the whole capacity). Returns o [b, t, hq, d] float32.
-A call's query rows are shared between the caller and one helper thread of XLA's pool
-(``THREADS``); a row's arithmetic depends neither on the window length nor on the thread. No
-gradient: decoding only. ``models.layers.attention`` uses it where decoding's ``attention``
-option resolved to "ffi", for windows of up to ``MAX_T`` tokens: decode steps, verify windows
-and prefills of up to 2048 tokens (bucketed prompt length); longer prefills use XLA's form.
-Each query walks its live prefix, so the cost grows as t², as XLA's form's does: with the rows
-shared by two threads it took 0.28-0.54 of ``layers.cached_attention``'s time at the default
-model's heads for t = 160-2048, and prefills of 300 / 700 / 1500 tokens took 0.94 / 0.86 / 0.77
-of the time with ``attention="xla"`` (BUILD_NOTES.md, sixth session; single-threaded it had
-lost from t = 384 on).
+The query rows of one kv head go through the cache together, one row per vector lane (16 with
+AVX-512, 8 with AVX2: ``cpu_linear.ISA`` sets the instruction set of every CPU kernel); a row's
+arithmetic depends neither on the window length, its lane neighbours, the instruction set nor the
+thread, so a window's rows are bit for bit the steps'. Groups of rows are shared between the caller
+and one helper thread of XLA's pool (``THREADS``). No gradient: decoding only.
+``models.layers.attention`` uses it where decoding's ``attention`` option resolved to "ffi", for
+windows of up to ``MAX_T`` tokens: decode steps, verify windows and prefills of up to 2048 tokens
+(bucketed prompt length); longer prefills use XLA's form. Each query walks its live prefix, so
+the cost grows as t², as XLA's form's does. Against the earlier one-row-at-a-time kernel (dot
+products with a horizontal sum per score and per output) the lanes took 0.2-0.3 of the time at
+the default model's heads for 1-7 query tokens and ~0.4 for a 160-token prefill (BUILD_NOTES.md,
+ninth session).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec.kernels import library
+from mtpspec.kernels import cpu_linear, library
 
 TARGET = "mtpspec_cpu_attention"
 MAX_T = 2048  # window tokens up to which decoding uses the kernel
@@ -73,4 +75,5 @@ def _call(kernel, target, q, k_cache, v_cache, ints, scale):
         *(jnp.asarray(x).astype(jnp.int32) for x in ints),
         scale=np.float32(scale),
         threads=np.int64(THREADS),
+        isa=np.int64(cpu_linear.isa_code()),
     )

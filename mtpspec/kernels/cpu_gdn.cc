@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
+#include "isa.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-extern "C" int mtpspec_cpu_linear_avx512();  // cpu_linear.cc: whether this CPU has AVX-512F
 
 namespace {
 
@@ -258,12 +258,7 @@ void Run(ffi::ThreadPool& pool, int64_t threads, int64_t isa, const Window& w,
   mtpspec::ParallelFor(pool, threads, w.b * hv, t * hs >= kMinShared, 2, heads);
 }
 
-// nullptr, or what is wrong with the `isa` attribute (0 AVX2, 1 AVX-512 on a CPU that has it).
-const char* BadIsa(int64_t isa) {
-  if (isa != 0 && isa != 1) return "isa must be 0 (AVX2) or 1 (AVX-512)";
-  if (isa == 1 && !mtpspec_cpu_linear_avx512()) return "this CPU lacks AVX-512F";
-  return nullptr;
-}
+using mtpspec::BadIsa;
 
 ffi::Error GdnWindow(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
                      ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::F32> g,

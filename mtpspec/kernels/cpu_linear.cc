@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 
+#include "isa.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -267,11 +269,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   if (wd[1] != k || wd[2] != kTile || yd[0] != rows || tiles != (n + kTile - 1) / kTile) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }
-  if (isa != 0 && isa != 1) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: isa must be 0 (AVX2) or 1 (AVX-512)");
-  }
-  if (isa == 1 && !mtpspec_cpu_linear_avx512()) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: this CPU lacks AVX-512F");
+  if (const char* bad = mtpspec::BadIsa(isa)) {
+    return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_linear: ") + bad);
   }
   const Isa& set = kIsas[isa];
   const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
@@ -316,4 +315,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 4; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 5; }

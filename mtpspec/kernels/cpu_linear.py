@@ -31,9 +31,9 @@ THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
 # weight stream with the arithmetic, which a window of 3+ rows needs (BUILD_NOTES 2026-12-02,
 # fourth session: in-loop r(4) 1.47 -> 1.10). Read when a call is traced.
 PREFETCH = 64
-# The instruction set of the kernel's inner loop, and of the GDN kernel's token loops
-# (cpu_gdn.py): "auto" (AVX-512 where the CPU has it, else AVX2), "avx2" or "avx512" (raises
-# OSError on a CPU without it). Read when a call is traced.
+# The instruction set of the kernel's inner loop, of the GDN kernel's token loops (cpu_gdn.py)
+# and of the attention kernel's lanes (cpu_attention.py): "auto" (AVX-512 where the CPU has it,
+# else AVX2), "avx2" or "avx512" (raises OSError on a CPU without it). Read when a call is traced.
 ISA = os.environ.get("MTPSPEC_CPU_LINEAR_ISA", "auto")
 ISAS = ("auto", "avx2", "avx512")
 
