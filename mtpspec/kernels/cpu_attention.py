@@ -16,9 +16,10 @@ and one helper thread of XLA's pool (``THREADS``). No gradient: decoding only.
 windows of up to ``MAX_T`` tokens: decode steps, verify windows and prefills of up to 2048 tokens
 (bucketed prompt length); longer prefills use XLA's form. Each query walks its live prefix, so
 the cost grows as t², as XLA's form's does. Against the earlier one-row-at-a-time kernel (dot
-products with a horizontal sum per score and per output) the lanes took 0.2-0.3 of the time at
-the default model's heads for 1-7 query tokens and ~0.4 for a 160-token prefill (BUILD_NOTES.md,
-ninth session).
+products with a horizontal sum per score and per output) the lanes took 0.2-0.5 of the time with
+the cache warm at the default model's heads (1-7 query tokens, a 160-token prefill); in the
+decode loop, where the cache comes cold after the weights, an MTP k = 3 run took 5 % less time
+and plain decoding the same (BUILD_NOTES.md, ninth session).
 """
 
 from __future__ import annotations
