@@ -90,7 +90,11 @@ def commit(state0, k, u, g_cum, n, final=None) -> jax.Array:
         raise ValueError(f"final {final.shape} must have the state's shape {state0.shape}")
     final = jnp.zeros((0,), f32) if final is None else final
     out = jax.ShapeDtypeStruct(state0.shape, f32)
-    return jax.ffi.ffi_call(COMMIT_TARGET, out)(
+    # the committed state may take the pre-window state's buffer (each output row reads only its
+    # own row of state0, before writing it): in the decode loop the new state then lands in the
+    # loop-carried buffer instead of being copied there (XLA copies state0 first if it is still
+    # needed)
+    return jax.ffi.ffi_call(COMMIT_TARGET, out, input_output_aliases={0: 0})(
         *(x.astype(f32) for x in (state0, k, u, g_cum)),
         n.astype(jnp.int32),
         final.astype(f32),
