@@ -184,6 +184,38 @@ def test_verify_windows_through_the_kernel_emit_plain_greedy_tokens(model, k):
         assert got.tokens == plain.tokens, method
 
 
+@built
+def test_the_mtp_loop_copies_neither_a_gdn_state_nor_a_kv_cache(monkeypatch):
+    """Per verify step the native commit writes each GDN state into the pre-window state's
+    buffer, and the chained MTP drafts write into the MTP cache past its length: the compiled
+    loop body copies neither (``analysis.loop_copies``). Negative controls: the commit without its
+    buffer alias copies every GDN state; drafting into a throw-away cache copies the MTP cache."""
+    from mtpspec import analysis
+    from mtpspec.decoding.proposers.mtp import MTPProposer
+
+    config = C.default_like(3, 128)  # [GDN, GDN, attention], GDN heads of 32 x 32, MTP
+    params = models.init_params(config, jax.random.key(2), norm_scale=0.1)
+    spec = decoding.SpecConfig("mtp", 3, commit="replay", verify_method="ffi")
+    state_shape = f"f32[1, {config.linear_num_value_heads}, 32, 32]"
+
+    def copies(prompt_len):  # a new prompt length: a new program, traced with the patches
+        prompt = [list(range(1, prompt_len + 1))]
+        prep = decoding.prepare(config, params, prompt, max_new_tokens=8, speculative=spec)
+        return [shape for shape, size in analysis.loop_copies(prep) if size > 64]
+
+    assert copies(20) == []
+    monkeypatch.setattr(cpu_gdn, "COMMIT_ALIASES", None)
+    assert copies(40).count(state_shape) == 2  # both GDN layers
+    propose = MTPProposer.propose
+    monkeypatch.setattr(
+        MTPProposer, "propose", lambda self, *a, **k: propose(self, *a, **k)._replace(state=None)
+    )
+    n = decoding.prepare(
+        config, params, [[1] * 60], max_new_tokens=8, speculative=spec
+    ).key.capacity
+    assert {f"f32[1, 1, {n}, 32]", f"f32[1, 1, 32, {n}]"} <= set(copies(60))  # k, v^T
+
+
 def test_decoding_without_the_kernel_gives_the_same_tokens(model, monkeypatch):
     config, params = model
     prompts = [[4, 4, 2, 9, 4, 4, 2]]

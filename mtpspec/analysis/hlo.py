@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 import re
 
-from mtpspec.decoding import program
-
 _DTYPE_BYTES = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2, "f16": 2, "s8": 1, "u8": 1}
 _COPY = re.compile(r"=\s+(\w+)\[([\d,]*)\]\{[\d,]*\}\s+copy\(")
 
@@ -33,7 +31,7 @@ def _computations(text: str) -> dict[str, list[str]]:
 
 def loop_copies(prepared) -> list[tuple[str, int]]:
     """(shape, bytes) of every ``copy`` in the decode loop's body of a prepared call."""
-    text = program.run_jit.lower(prepared.key, *prepared.args).compile().as_text()
+    text = prepared.compiled()[0].as_text()  # the program cache's entry: what generate runs
     comps = _computations(text)
     bodies = [b.lstrip("%") for b in re.findall(r"while\(.*?body=(%?[\w.\-]+)", text)]
     if not bodies:

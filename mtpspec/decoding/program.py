@@ -148,15 +148,16 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
             s, params, pparams, c.pstate, c.state, c.pending, active, step_draws.fold(PROPOSE)
         )
         drafts, q = proposal.drafts, proposal.q
+    state = c.state if proposal is None or proposal.state is None else proposal.state
     if s.tree is None:
-        verified = stages.verify(s, params, c.state, c.pending, drafts, active)
+        verified = stages.verify(s, params, state, c.pending, drafts, active)
         accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
         n = jnp.where(active, accepted + 1, 0)
-        state = stages.commit(s, c.state, verified, n)
+        state = stages.commit(s, state, verified, n)
         logits, hidden, node = verified.logits, verified.hidden, None
     else:  # the tree's window, reduced to the accepted path (a chain's shapes from here on)
         done = tree.verify_accept_commit(
-            s, params, c.state, c.pending, drafts, q, active, step_draws.fold(ACCEPT)
+            s, params, state, c.pending, drafts, q, active, step_draws.fold(ACCEPT)
         )
         drafts, accepted, token, n, state, logits, hidden, node = done
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)

@@ -41,6 +41,11 @@ TARGET = "mtpspec_cpu_gdn"
 # caller + one pool helper share a window's heads (1: the caller alone); read when traced
 THREADS = int(os.environ.get("MTPSPEC_CPU_GDN_THREADS", "2"))
 COMMIT_TARGET = "mtpspec_cpu_gdn_commit"
+# The committed state takes the pre-window state's buffer (each output row reads only its own row
+# of state0, before writing it): in the decode loop the new state then lands in the loop-carried
+# buffer instead of being copied there every step (XLA copies state0 first where it is still
+# needed). Read when a call is traced.
+COMMIT_ALIASES = {0: 0}
 TREE_TARGET = "mtpspec_cpu_gdn_tree"
 COMMIT_MAX_T = 64  # window positions the native commit takes (its per-position weights' buffer)
 
@@ -90,11 +95,7 @@ def commit(state0, k, u, g_cum, n, final=None) -> jax.Array:
         raise ValueError(f"final {final.shape} must have the state's shape {state0.shape}")
     final = jnp.zeros((0,), f32) if final is None else final
     out = jax.ShapeDtypeStruct(state0.shape, f32)
-    # the committed state may take the pre-window state's buffer (each output row reads only its
-    # own row of state0, before writing it): in the decode loop the new state then lands in the
-    # loop-carried buffer instead of being copied there (XLA copies state0 first if it is still
-    # needed)
-    return jax.ffi.ffi_call(COMMIT_TARGET, out, input_output_aliases={0: 0})(
+    return jax.ffi.ffi_call(COMMIT_TARGET, out, input_output_aliases=COMMIT_ALIASES)(
         *(x.astype(f32) for x in (state0, k, u, g_cum)),
         n.astype(jnp.int32),
         final.astype(f32),

@@ -53,6 +53,10 @@ class Proposal(NamedTuple):
     drafts: jax.Array  # [b, k] int32 (any valid ids for inactive sequences)
     q: jax.Array  # [b, k, V]: the distribution each draft was drawn from; [b, k, 0] when greedy
     scratch: Any = None  # handed to ``update`` in the same step (not carried across steps)
+    # the decode state to verify from when drafting wrote into its caches (None: the step's own).
+    # Only slots past the committed lengths may differ (never read; the next write there replaces
+    # them): keeping them saves the copy a throw-away cache would cost every step
+    state: Any = None
 
 
 class Committed(NamedTuple):

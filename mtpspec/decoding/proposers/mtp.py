@@ -68,7 +68,10 @@ class MTPProposer(Proposer):
             logits, h, tmp = mtp_window_step_impl(s.config, params, tmp, h, previous[:, None], one)
             return logits[:, 0]
 
-        return Proposal(*base.select_drafts(s, logits_fn, key, s.k))
+        drafts, q = base.select_drafts(s, logits_fn, key, s.k)
+        # the chained drafts' rows stay in the MTP cache past its length (never read; the next
+        # fold writes over them): no copy of the cache per step
+        return Proposal(drafts, q, state=state._replace(mtp=tmp.mtp))
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)
