@@ -137,6 +137,22 @@ def test_pack_round_trips():
     assert (np.asarray(wp)[2, :, 5:] == 0).all()  # the padding past column 37
 
 
+@pytest.mark.parametrize("impl", ["xla", pytest.param("ffi", marks=built)])
+def test_an_input_split_in_heads_goes_in_as_is(impl):
+    """``Linear(x, heads=True)`` with x [..., h, d], h · d = in, is the flat product bit for bit
+    (the kernel takes the heads unflattened); heads that do not make the width are refused."""
+    rng = np.random.default_rng(4)
+    w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((2, 3, 4, 24)), jnp.float32)
+    lin = Linear.of(w, impl)
+    flat = jax.jit(lambda x: lin(x.reshape(2, 3, 96)))(x)
+    heads = jax.jit(lambda x: lin(x, heads=True))(x)
+    assert heads.shape == (2, 3, 40)
+    np.testing.assert_array_equal(heads, flat)
+    with pytest.raises(ValueError, match="input width 96"):
+        lin(x[..., :20], heads=True)
+
+
 # ---- choosing an implementation ------------------------------------------------------------------
 
 

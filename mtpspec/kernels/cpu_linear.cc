@@ -261,11 +261,13 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
-  if (xd.size() != 2 || wd.size() != 3 || yd.size() != 2) {
-    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in], "
-                                       "w [tiles, in, 16], y [rows, out]");
+  if (xd.size() < 2 || wd.size() != 3 || yd.size() != 2) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in] (or [rows, "
+                                       "..., in] split in heads), w [tiles, in, 16], y [rows, out]");
   }
-  const int64_t rows = xd[0], k = xd[1], tiles = wd[0], n = yd[1];
+  int64_t k = 1;  // x's trailing dimensions together are the input width
+  for (size_t i = 1; i < xd.size(); ++i) k *= xd[i];
+  const int64_t rows = xd[0], tiles = wd[0], n = yd[1];
   if (wd[1] != k || wd[2] != kTile || yd[0] != rows || tiles != (n + kTile - 1) / kTile) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }

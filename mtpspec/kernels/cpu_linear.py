@@ -86,7 +86,8 @@ def unpack(wp: jax.Array, d_out: int) -> jax.Array:
 
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
-    """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call)."""
+    """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call). x may also
+    come as [rows, h, d] with h · d = in (heads not flattened first: see ``Linear.__call__``)."""
     require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(

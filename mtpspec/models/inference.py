@@ -73,13 +73,22 @@ class Linear:
     def __repr__(self):
         return f"Linear({self.d_in}->{self.splits}, impl={self.impl!r})"
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        """x [..., in] -> [..., out] float32."""
-        lead = x.shape[:-1]
+    def __call__(self, x: jax.Array, heads: bool = False) -> jax.Array:
+        """x [..., in] -> [..., out] float32. ``heads``: x is [..., h, d] with h · d = in (the
+        kernel takes it as is: XLA:CPU fuses a reshape to [rows, in] into the producing fusion
+        and then indexes its per-head operands through divisions, which it does not vectorise —
+        the GDN output's gated norm ran scalar, ~10 µs per layer of a verify window)."""
+        if heads:
+            lead, inner = x.shape[:-2], x.shape[-2:]
+            if math.prod(inner) != self.d_in:
+                raise ValueError(f"heads {inner} do not make the input width {self.d_in}")
+        else:
+            lead, inner = x.shape[:-1], x.shape[-1:]
         rows = math.prod(lead)
         if self.impl == "ffi" and rows <= FFI_MAX_ROWS:
-            y = cpu_linear.apply(x.reshape(rows, self.d_in), self.w, self.d_out)
+            y = cpu_linear.apply(x.reshape(rows, *inner), self.w, self.d_out)
             return y.reshape(*lead, self.d_out)
+        x = x.reshape(*lead, self.d_in)
         w = cpu_linear.unpack(self.w, self.d_out) if self.impl == "ffi" else self.w
         return jnp.matmul(
             x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32

@@ -20,11 +20,14 @@ from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNC
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def linear(x: jax.Array, w) -> jax.Array:
+def linear(x: jax.Array, w, heads: bool = False) -> jax.Array:
     """x [..., in] @ w [in, out], float32 accumulation; ``w`` is a canonical array or an inference
-    ``Linear`` (fused / packed, ``models/inference.py``)."""
+    ``Linear`` (fused / packed, ``models/inference.py``). ``heads``: x is [..., h, d] with
+    h · d = in (see ``Linear.__call__``)."""
     if isinstance(w, Linear):
-        return w(x)
+        return w(x, heads=heads)
+    if heads:
+        x = x.reshape(*x.shape[:-2], -1)
     return jnp.matmul(x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32)
 
 
@@ -323,9 +326,8 @@ def gdn_qkv(config: ModelConfig, conv_out: jax.Array):
 
 def gdn_output(config: ModelConfig, p: dict, o: jax.Array, z: jax.Array, dtype) -> jax.Array:
     """The GDN block's output: o [b, t, hv, dv] gated-normed by z, projected to [b, t, H]."""
-    b, t = o.shape[:2]
     o = ops.gated_rms_norm(o, z, p["norm"], eps=config.rms_norm_eps)
-    return linear(o.reshape(b, t, -1).astype(dtype), p["w_out"])
+    return linear(o.astype(dtype), p["w_out"], heads=True)
 
 
 # ---- MLPs ---------------------------------------------------------------------------------------
