@@ -16,6 +16,7 @@ from mtpspec import decoding, models
 from mtpspec.kernels import cpu_attention, cpu_linear
 from mtpspec.models import layers
 from mtpspec.models.inference import AttentionCore, resolve_attention
+from tests.isa_testing import with_isa
 
 built = pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status()[1])
 
@@ -74,13 +75,6 @@ def test_the_helper_thread_changes_no_bit(monkeypatch, t):
         np.testing.assert_array_equal(o, got[0])
 
 
-def _with_isa(monkeypatch, isa, fn, *args):
-    monkeypatch.setattr(cpu_linear, "ISA", isa)
-    jitted = jax.jit(fn)
-    assert f"isa = {cpu_linear.isa_code(isa)} : i64" in jitted.lower(*args).as_text()
-    return np.asarray(jitted(*args))
-
-
 @built
 @pytest.mark.parametrize(
     "shape",
@@ -94,7 +88,7 @@ def test_both_instruction_sets_give_the_same_bits(monkeypatch, shape):
         pytest.skip("this CPU lacks AVX-512F")
     q, k, v, pos = _inputs(sum(shape), *shape)
     got = [
-        _with_isa(monkeypatch, isa, lambda *a: cpu_attention.apply(*a, 0.125), q, k, v, pos)
+        with_isa(monkeypatch, isa, lambda *a: cpu_attention.apply(*a, 0.125), q, k, v, pos)
         for isa in ("avx2", "avx512")
     ]
     np.testing.assert_array_equal(got[0], got[1])

@@ -15,6 +15,7 @@ from mtpspec import decoding, models, ops
 from mtpspec.kernels import cpu_gdn, cpu_linear
 from mtpspec.ops.gdn import api as gdn_api
 from tests.gdn_testing import random_gdn_inputs, rel_err
+from tests.isa_testing import with_isa
 
 built = pytest.mark.skipif(not cpu_gdn.available(), reason=cpu_gdn.status()[1])
 # the token loops' instruction sets this CPU runs (AVX-512 only where it has it)
@@ -44,13 +45,6 @@ def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t, dv):
     np.testing.assert_array_equal(s, final)
 
 
-def _with_isa(monkeypatch, isa, fn, *args):
-    monkeypatch.setattr(cpu_linear, "ISA", isa)
-    jitted = jax.jit(fn)
-    assert f"isa = {cpu_linear.isa_code(isa)} : i64" in jitted.lower(*args).as_text()
-    return [np.asarray(x) for x in jitted(*args)]
-
-
 @built
 @pytest.mark.parametrize("dv", [8, 12, 16, 24, 48, 64, 80, 128])
 def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv):
@@ -67,21 +61,21 @@ def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv
     tq, tk, tv, tg, tb, _ = random_gdn_inputs(dv + 1, 2, tree.rows, 2, 2, 32, dv)
     chains, trees = [], []
     for isa in ISAS:
-        o, final, u, states = _with_isa(
+        o, final, u, states = with_isa(
             monkeypatch, isa, lambda *a: cpu_gdn.apply(*a, scale, True), q, k, v, g, beta, s0
         )
         assert rel_err(o, ref_o) <= 1e-5 and rel_err(final, ref_s) <= 1e-5, isa
         np.testing.assert_array_equal(states[:, -1], final)
         chains.append((o, final, u, states))
         tree_fn = lambda *a: cpu_gdn.apply_tree(*a, tree.parent, scale)  # noqa: E731
-        trees.append(_with_isa(monkeypatch, isa, tree_fn, tq, tk, tv, tg, tb, s0))
+        trees.append(with_isa(monkeypatch, isa, tree_fn, tq, tk, tv, tg, tb, s0))
     for got in (chains, trees):
         for a, b in zip(got[-1], got[0], strict=True):
             np.testing.assert_array_equal(a, b)
     # a tree node equals the chain along its path: node 3 is root -> 1 -> 3
     path = [0, 1, 3]
     assert [int(tree.parent[i]) for i in path[1:]] == path[:-1]
-    o, _, _, states = _with_isa(
+    o, _, _, states = with_isa(
         monkeypatch,
         ISAS[-1],
         lambda *a: cpu_gdn.apply(*a, scale, True),
