@@ -130,7 +130,7 @@ namespace {
       VEC acc[8];                                                                                \
       for (int c = 0; c < 8; ++c) acc[c] = ZERO();                                               \
       const float* v0 = vt + i0 * n;                                                             \
-      if (m == 8) {                                                                              \
+      if (m == 8) { /* the same loop with a constant trip count, unrolled into registers */    \
         for (j = 0; j < kc; ++j) {                                                               \
           const VEC x = LOAD(e + j * W);                                                         \
           for (int c = 0; c < 8; ++c) acc[c] = FMADD(x, SET1(v0[c * n + j]), acc[c]);            \
@@ -250,20 +250,32 @@ void RunGroups(const Layout& lay, const float* qp, const float* kp, const float*
     if (e.size() < static_cast<size_t>(kend * W)) e.resize(kend * W);
     // the group's live keys and values into L2 first (one pass of prefetches: ~10 % off a
     // call in the decode loop, where the cache comes cold from memory)
-    const char* kb = reinterpret_cast<const char*>(kp + (bi * lay.g + gi) * n * d);
-    const char* vb = reinterpret_cast<const char*>(vp + (bi * lay.g + gi) * d * n);
+    const float* kh = kp + (bi * lay.g + gi) * n * d;  // this kv head's k [n, d], v^T [d, n]
+    const float* vh = vp + (bi * lay.g + gi) * d * n;
+    const char* kb = reinterpret_cast<const char*>(kh);
+    const char* vb = reinterpret_cast<const char*>(vh);
     for (int64_t o = 0; o < kend * d * 4; o += 64) _mm_prefetch(kb + o, _MM_HINT_T1);
     for (int64_t i = 0; i < d; ++i)
       for (int64_t o = 0; o < kend * 4; o += 64) _mm_prefetch(vb + i * n * 4 + o, _MM_HINT_T1);
-    (W == 16 ? Group512 : Group256)(qrows, kp + (bi * lay.g + gi) * n * d,
-                                    vp + (bi * lay.g + gi) * d * n, d, n, kc, kend, vis.data(),
-                                    scale, qt.data(), e.data(), tmp.data(), orows);
+    (W == 16 ? Group512 : Group256)(qrows, kh, vh, d, n, kc, kend, vis.data(), scale, qt.data(),
+                                    e.data(), tmp.data(), orows);
   }
 }
 
 // Below this much work (query rows x live slots x head width, at most) a call runs on the caller
 // alone: a hand-off to the pool costs about a microsecond.
 constexpr int64_t kMinShared = 16 * 1024;
+
+// All of a call's groups, shared with helper tasks on XLA's pool when the call has enough work.
+template <class Span>
+void Run(ffi::ThreadPool& pool, int64_t threads, const Layout& lay, const float* qp,
+         const float* kp, const float* vp, float* op, float scale, Span span) {
+  auto units = [&](int64_t u0, int64_t u1) {
+    RunGroups(lay, qp, kp, vp, op, scale, u0, u1, span);
+  };
+  const bool share = lay.b * lay.g * lay.rows * lay.n * lay.d >= kMinShared;
+  mtpspec::ParallelFor(pool, threads, lay.Units(), share, 8, units);
+}
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                      ffi::Buffer<ffi::S32> positions, ffi::ResultBuffer<ffi::F32> o,
@@ -298,11 +310,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<
     }
     bool Extra(int64_t, int64_t, int64_t) const { return false; }
   } span{pos, t, n};
-  auto units = [&](int64_t u0, int64_t u1) {
-    RunGroups(lay, qp, kp, vp, op, scale, u0, u1, span);
-  };
-  const int64_t all = lay.Units();
-  mtpspec::ParallelFor(pool, threads, all, lay.rows * lay.b * lay.g * n * d >= kMinShared, 8, units);
+  Run(pool, threads, lay, qp, kp, vp, op, scale, span);
   return ffi::Error::Success();
 }
 
@@ -352,11 +360,7 @@ ffi::Error TreeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buf
       return s >= len && anc[r * t + (s - len)] != 0;
     }
   } span{lp, anc, t, n};
-  auto units = [&](int64_t u0, int64_t u1) {
-    RunGroups(lay, qp, kp, vp, op, scale, u0, u1, span);
-  };
-  const int64_t all = lay.Units();
-  mtpspec::ParallelFor(pool, threads, all, lay.rows * lay.b * lay.g * n * d >= kMinShared, 8, units);
+  Run(pool, threads, lay, qp, kp, vp, op, scale, span);
   return ffi::Error::Success();
 }
 
