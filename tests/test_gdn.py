@@ -9,11 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 
 from mtpspec import ops
 from mtpspec.kernels import cpu_gdn
-from tests.gdn_testing import random_gdn_inputs, rel_err
+from tests.gdn_testing import output_scale, random_gdn_inputs, rel_err
 
 CHUNK = 16  # small chunk so that T in {C-1, C, C+1, long} stays cheap
 FAST_METHODS = ("chunk", "assoc")
@@ -73,13 +73,16 @@ def test_method_matches_recurrence_over_head_layouts(method, b, hk, r, dk, dv):
     method=st.sampled_from(FORWARD_METHODS),
     seed=st.integers(0, 2**16),
 )
+# found by the fuzzer: q·k = −6e-4 at t = 1, an output 4000× smaller than its terms
+@example(b=1, t=1, hk=1, r=1, dk=4, dv=4, chunk=4, with_state=False, method="chunk", seed=11)
 def test_fuzzed_shapes_and_chunk_sizes_match_recurrence(
     b, t, hk, r, dk, dv, chunk, with_state, method, seed
 ):
     q, k, v, g, beta, s0 = random_gdn_inputs(seed, b, t, hk, r, dk, dv, with_state=with_state)
     ref_o, ref_s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method="recurrent")
     o, s = ops.gated_delta_rule(q, k, v, g, beta, initial_state=s0, method=method, chunk_size=chunk)
-    assert rel_err(o, ref_o) <= TOL
+    # the output against the size of its terms (q may be nearly orthogonal to every key written)
+    assert rel_err(o, ref_o, floor=output_scale(v, s0, dk)) <= TOL
     assert rel_err(s, ref_s) <= TOL
 
 
