@@ -29,18 +29,18 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix mtpspec experiments tests
 	$(BIN)/ruff format mtpspec experiments tests
 
-# The persistent compilation cache is off here (a full run once crashed inside JAX's CPU executable
-# serialization while writing an entry; BUILD_NOTES.md, 2026-12-01): ~14 min instead of ~11 on two
-# cores. `make test MTPSPEC_TEST_JAX_CACHE=.jax_cache` turns it back on.
-MTPSPEC_TEST_JAX_CACHE ?= off
-export MTPSPEC_TEST_JAX_CACHE
+# The suite shares a persistent XLA compilation cache (.jax_cache/) between its xdist workers and
+# subprocesses. It was off from 2026-12-01 to 2026-12-03 after a worker died while writing an
+# entry; that crash was the worker running out of memory mappings (vm.max_map_count), fixed on
+# 2026-12-02 (BUILD_NOTES.md). `make test MTPSPEC_TEST_JAX_CACHE=off` runs without it.
 
 # A test whose xdist worker dies (SIGSEGV / SIGABRT inside XLA's CPU compiler, 3 times in about
 # ten full runs, never reproduced alone; BUILD_NOTES.md 2026-12-01 and 2026-12-02) is run once
 # more in a fresh worker; only crashes are, never assertion failures, and the summary line counts
-# every rerun ("N rerun"), so a crash stays visible.
+# every rerun ("N rerun"), so a crash stays visible. `--maxschedchunk 2`: workers take tests two at
+# a time, so the long ones that tests/conftest.py puts first spread over both workers.
 test: lint
-	$(BIN)/python -m pytest -n 2 -q --reruns 1 --only-rerun "crashed" tests
+	$(BIN)/python -m pytest -n 2 --maxschedchunk 2 -q --reruns 1 --only-rerun "crashed" tests
 
 # Optional: the transformers side of the HF export (tests/hf, skipped by `make test`). Its own venv
 # with the hf extra; torch is pinned to the 2.13.0 CPU wheel this machine keeps on local disk
@@ -69,4 +69,4 @@ gpu-check-smoke: $(STAMP)
 	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
 
 clean:
-	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache mtpspec/kernels/_cpu_*.so
+	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache .jax_cache mtpspec/kernels/_cpu_*.so

@@ -15,16 +15,17 @@ import pathlib
 # by default), so the optimisation level changes no verdict. Set before the backend starts;
 # subprocesses (the 8-device suite, notebooks, the mini bench) inherit it. Opt out by setting
 # any --xla_backend_optimization_level in XLA_FLAGS yourself.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
-    ).strip()
+SUITE_O0 = "--xla_backend_optimization_level=0"
+ADDED_O0 = "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
+if ADDED_O0:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_O0).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# MTPSPEC_TEST_JAX_CACHE=off runs without it (one full run on 2026-12-01 crashed in JAX's own
-# CPU executable serialization while writing a cache entry; BUILD_NOTES.md).
+# MTPSPEC_TEST_JAX_CACHE=off runs without it. (It was off by default from 2026-12-01 to 12-03:
+# a worker had died in JAX's CPU executable serialization while writing an entry — the worker was
+# out of memory mappings, the cause of every such crash, fixed by the module fixture below.)
 _CACHE_SETTING = os.environ.get(
     "MTPSPEC_TEST_JAX_CACHE", str(pathlib.Path(__file__).parent.parent / ".jax_cache")
 )
@@ -54,3 +55,17 @@ def _release_compiled_programs_after_each_module(request):
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {maps[0]} {maps[1]} {request.module.__name__}\n")
     program.release_compiled()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow(seconds)`` run first, longest first, and the rest in collection
+    order: with ``make test``'s ``--maxschedchunk=2`` the xdist workers take tests two at a time
+    from the front, so the long subprocess tests (the 8-device suite, the notebooks, the training
+    runs) start on both workers at once instead of one of them ending the run alone (longest
+    processing time first). The order is the same on every worker, as xdist requires."""
+
+    def seconds(item):
+        mark = item.get_closest_marker("slow")
+        return -float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+    items.sort(key=seconds)  # stable: unmarked tests keep their order

@@ -67,6 +67,7 @@ def test_piece_costs_rejects_bad_arguments_before_any_work():
         analysis.piece_costs(config, params, [], 1)
 
 
+@pytest.mark.slow(90)
 def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [

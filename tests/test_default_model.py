@@ -8,6 +8,7 @@ import pathlib
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import mtpspec
 from mtpspec import checkpoints
@@ -18,6 +19,7 @@ from mtpspec.training import losses
 ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
 
 
+@pytest.mark.slow(27)
 def test_shipped_model_loads_predicts_held_out_text_and_speculates_exactly():
     config, params = checkpoints.restore_params(ASSETS / "default_model")
     assert config == C.default_model()

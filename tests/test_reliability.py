@@ -327,6 +327,7 @@ def _steps(workdir):
     return [json.loads(x)["step"] for x in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow(35)
 def test_resume_survives_a_torn_metrics_line_and_an_unreadable_checkpoint(tiny_run, tmp_path):
     import shutil
 
@@ -345,6 +346,7 @@ def test_resume_survives_a_torn_metrics_line_and_an_unreadable_checkpoint(tiny_r
         _train(tiny_run, tmp_path)
 
 
+@pytest.mark.slow(32)
 def test_resume_with_changed_hyper_parameters_is_refused_unless_asked(tiny_run, tmp_path):
     import dataclasses
 

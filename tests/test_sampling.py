@@ -117,6 +117,7 @@ def test_negative_control_wrong_residual_rule_fails_the_same_test(model):
     assert chi_square_p_value(_joint_counts(e1, e2), want) < 1e-6
 
 
+@pytest.mark.slow(25)
 def test_generate_speculative_sampling_matches_target_distribution(model):
     """End to end through the on-device loop: 10^4 copies of one prompt, the joint law of the
     first three generated tokens (prefill token + one MTP verify step and beyond) is the

@@ -135,6 +135,7 @@ def test_one_device_mesh_generation_equals_no_mesh():
     assert got.tokens == ref
 
 
+@pytest.mark.slow(340)
 def test_sharded_equals_unsharded_on_8_simulated_devices():
     """Runs tests/multidevice in a fresh process with 8 CPU devices (meshes 1x8 and 2x4)."""
     env = dict(os.environ)

@@ -231,6 +231,7 @@ def test_cli_chat_json_equals_transformers(tmp_path):
     assert " I " not in proc.stderr and "INFO" not in proc.stderr  # third-party INFO silenced
 
 
+@pytest.mark.slow(24)
 def test_cli_draft_proposer_and_eos_none(tmp_path):
     out = tmp_path / "out.json"
     case = REF["chats"]["user_only"]

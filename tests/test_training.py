@@ -101,6 +101,7 @@ def _losses(workdir):
     return [r["step"] for r in rows], [r["loss"] for r in rows]
 
 
+@pytest.mark.slow(90)
 def test_sigkilled_run_resumes_with_the_same_loss_curve(tmp_path):
     """SIGKILL right after step 10's metrics line, before its checkpoint: the run resumes from the
     step-5 checkpoint, rewinds the metrics, redoes 6..10 and matches an uninterrupted run."""
@@ -226,6 +227,7 @@ def test_load_text_reads_files_directories_and_jsonl(tmp_path):
         data_lib.load_text(tmp_path / "missing", ByteTokenizer())
 
 
+@pytest.mark.slow(45)
 def test_fresh_head_for_an_hf_base_without_mtp_end_to_end(tmp_path):
     """experiments.train --init=<HF dir without mtp.*> --phase=mtp_only --data=<dir>: a fresh
     head is trained, the trunk is bit for bit the base's, greedy output is unchanged, W/final

@@ -383,6 +383,7 @@ def test_tree_rejection_sampling_keeps_the_target_law(shape, deterministic):
     assert sampling_tests.chi_square_p_value(wrong, p) < 1e-6
 
 
+@pytest.mark.slow(30)
 def test_generate_tree_sampling_matches_the_target_distribution():
     """End to end through the loop: 10^4 copies of one prompt sampled with a (2, 1) MTP tree; the
     joint law of the first three tokens is the target's (chi-square)."""
