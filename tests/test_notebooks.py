@@ -31,7 +31,8 @@ def test_there_are_notebooks():
     } <= names
 
 
-# seconds each took in a full `make test` run (tests/conftest.py starts the longest first)
+# rough seconds each takes alone (214 s for 04 under a loaded full run): only the order of the
+# slow tests (tests/conftest.py starts the longest first)
 SECONDS = {"04_bring_your_own_model": 130, "01_rollback_and_commit": 50}
 # Kernels run with the suite's LLVM -O0 (compile-bound notebooks: 01 took 41 s at -O0 and 73 s
 # at XLA's default level), except these compute-bound ones, at XLA's default level: 04 trains a
