@@ -18,16 +18,19 @@ $(BIN)/python:
 # in first and the package builds without isolation. Without a C++ compiler the install still
 # succeeds and the kernels are reported unavailable (mtpspec.kernels.library.status()).
 # The dev install is a superset of the base one, so it stamps both.
-$(STAMP): $(BIN)/python $(SOURCES)
+# $(call pip_install,EXTRA): the venv's tools, then jax, then the package with EXTRA ('' or [dev]).
+define pip_install
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
 	$(BIN)/python -m pip install -q 'jax>=0.4.35'
-	$(BIN)/python -m pip install -q --no-build-isolation -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-build-isolation -e '.$(1)'
+endef
+
+$(STAMP): $(BIN)/python $(SOURCES)
+	$(call pip_install,[dev])
 	touch $(BASE_STAMP) $(STAMP)
 
 $(BASE_STAMP): $(BIN)/python $(SOURCES)
-	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
-	$(BIN)/python -m pip install -q 'jax>=0.4.35'
-	$(BIN)/python -m pip install -q --no-build-isolation -e .
+	$(call pip_install,)
 	touch $(BASE_STAMP)
 
 install: $(STAMP)

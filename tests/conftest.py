@@ -34,6 +34,22 @@ if _CACHE_SETTING != "off":
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+
+def subprocess_env(*, optimised: bool = False) -> dict[str, str]:
+    """The environment for a subprocess the suite starts (a training run, a notebook kernel):
+    this one's, plus the suite's compilation cache through JAX_* variables, and without the
+    suite's LLVM -O0 when ``optimised`` (compute-bound runs; only if the suite added it)."""
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    if _CACHE_SETTING != "off":
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=_CACHE_SETTING,
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
+    if optimised and ADDED_O0:
+        env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(SUITE_O0, "").strip()
+    return env
+
 # The 8-device sharding tests run in their own process (tests/test_sharding.py starts it with
 # MTPSPEC_MULTIDEVICE=1 and 8 simulated CPU devices); the main session does not collect them.
 collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multidevice"]

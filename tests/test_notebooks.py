@@ -46,14 +46,9 @@ OPTIMISED = {"04_bring_your_own_model"}
     ids=[p.stem for p in NOTEBOOKS],
 )
 def test_notebook_executes(path, monkeypatch, tmp_path):
-    cache = os.environ.get("MTPSPEC_TEST_JAX_CACHE", str(ROOT / ".jax_cache"))
-    if cache != "off":
-        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", cache)
-        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
-        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    if path.stem in OPTIMISED and conftest.ADDED_O0:
-        flags = os.environ["XLA_FLAGS"].replace(conftest.SUITE_O0, "").strip()
-        monkeypatch.setenv("XLA_FLAGS", flags)
+    for name, value in conftest.subprocess_env(optimised=path.stem in OPTIMISED).items():
+        if os.environ.get(name) != value:  # the kernel inherits this process's environment
+            monkeypatch.setenv(name, value)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     # A notebook is committed without outputs unless its metadata says it keeps them (so its

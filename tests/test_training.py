@@ -4,7 +4,6 @@ with SIGKILL resuming to the same loss curve."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from mtpspec.tokenizers import ByteTokenizer
 from mtpspec.training import TrainConfig, build_manifest, load_corpus
 from mtpspec.training import data as data_lib
 from mtpspec.training.train import make_optimizer, make_train_step
+from tests import conftest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -87,12 +87,7 @@ def _run(workdir, corpus, *extra):
         "--seq_len=32", f"--manifest={corpus / 'manifest.json'}", f"--corpus_root={corpus}",
         *extra,
     ]  # fmt: skip
-    cache = os.environ.get("MTPSPEC_TEST_JAX_CACHE", str(REPO / ".jax_cache"))
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    if cache != "off":  # the three runs compile the same train step
-        env.update(
-            JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5"
-        )
+    env = conftest.subprocess_env()  # the three runs compile the same train step: cached
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
