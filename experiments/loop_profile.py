@@ -3,6 +3,7 @@ kernels by target, and XLA's own fusions ("glue") by the source function that em
 
     python -m experiments.loop_profile --config=mtp:3
     python -m experiments.loop_profile --config=none --depth=1 --top=15
+    python -m experiments.loop_profile --config=mtp:1x1x1x2     # a draft tree
 
 Runs the first demo prompt (batch 1, ``--max_new_tokens``) twice to compile and warm, a third time
 under ``jax.profiler``; then reads the trace's per-thunk durations and the HLO of that same
@@ -35,7 +36,7 @@ from mtpspec import checkpoints, decoding
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
-flags.DEFINE_string("config", "mtp:3", "proposer:k, or none (plain decoding).")
+flags.DEFINE_string("config", "mtp:3", "proposer:k, proposer:b1xb2x... (a tree) or none.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens.")
 flags.DEFINE_integer("depth", 2, "Innermost source functions that name a glue fusion.")
 flags.DEFINE_integer("top", 25, "Glue sources to list.")
@@ -118,9 +119,15 @@ def main(argv):
     tok = cli.tokenizer_for(config, FLAGS.checkpoint)
     prompt = tok.encode(cli.demo_texts()[0])
     proposer, _, k = FLAGS.config.partition(":")
-    if proposer != "none" and not k.isdigit():
-        raise app.UsageError(f"--config: {FLAGS.config!r} is not none or proposer:k (e.g. mtp:3)")
-    spec = None if proposer == "none" else decoding.SpecConfig(proposer, int(k))
+    if proposer != "none" and not k.replace("x", "").isdigit():
+        raise app.UsageError(
+            f"--config: {FLAGS.config!r} is not none, proposer:k (mtp:3) or proposer:b1xb2x... "
+            "(a tree, mtp:2x1x1)"
+        )
+    spec = None
+    if proposer != "none":
+        tree = tuple(int(b) for b in k.split("x")) if "x" in k else None
+        spec = decoding.SpecConfig(proposer, len(tree) if tree else int(k), tree=tree)
 
     def go():
         return decoding.generate(

@@ -18,6 +18,8 @@ model"):
   hlo.py      loop_copies: the buffer copies XLA put in a decoding program's loop body
   plots.py    plot_sweep
   trees.py    tree_costs (tree window ÷ step beside chains), plot_nodes (τ, speed-up vs nodes)
+  tree_plan.py  rank_acceptance (p_j(r) measured in the loop), tree_tau (τ of any tree shape),
+              product_trees, speed_bounds (the most a tree's speed-up can be here)
 """
 
 from mtpspec.analysis.hlo import loop_copies
@@ -45,6 +47,13 @@ from mtpspec.analysis.timing import (
     matmul_row_scaling,
     median_seconds,
 )
+from mtpspec.analysis.tree_plan import (
+    RankAcceptance,
+    product_trees,
+    rank_acceptance,
+    speed_bounds,
+    tree_tau,
+)
 from mtpspec.analysis.trees import plot_nodes, tree_costs, tree_table
 
 __all__ = [
@@ -53,6 +62,7 @@ __all__ = [
     "PLAIN_XLA",
     "CompileCounter",
     "Point",
+    "RankAcceptance",
     "Timed",
     "alpha_per_proposer",
     "best",
@@ -66,10 +76,13 @@ __all__ = [
     "matmul_row_scaling",
     "median_seconds",
     "piece_costs",
+    "product_trees",
+    "rank_acceptance",
     "plot_nodes",
     "plot_sweep",
     "run_point",
     "spec_for",
+    "speed_bounds",
     "stock_attention",
     "summarize",
     "sweep",
@@ -77,4 +90,5 @@ __all__ = [
     "tree_bytes",
     "tree_costs",
     "tree_table",
+    "tree_tau",
 ]

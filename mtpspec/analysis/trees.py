@@ -24,11 +24,14 @@ from mtpspec.models import decoder
 from mtpspec.models import tree as mtree
 
 
-def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, linear="auto"):
-    """Seconds of a 1-token step, and window ÷ step for chains of t = 1 .. (deepest tree + 1)
-    rows (each with the GDN form decoding runs for t rows) and for each tree."""
+def tree_costs(
+    config, params, prompt, shapes: Sequence[tuple], *, iters=64, linear="auto", chain_rows=0
+):
+    """Seconds of a 1-token step, and window ÷ step for chains of t = 1 .. max(deepest tree + 1,
+    ``chain_rows``) rows (each with the GDN form decoding runs for t rows) and for each tree."""
     shapes = [mtree.check_tree(x) for x in shapes]
-    rows = max(t.rows for t in shapes)
+    longest = max([s.depth + 1 for s in shapes] + [chain_rows])
+    rows = max([t.rows for t in shapes] + [longest])
     prep = decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, linear=linear,
                             capacity=len(prompt) + rows + 16)  # fmt: skip
     tree_params = prep.args[0]
@@ -57,7 +60,7 @@ def tree_costs(config, params, prompt, shapes: Sequence[tuple], *, iters=64, lin
             shape.rows,
         )
 
-    jobs = {("chain", t): chain(t) for t in range(1, max(s.depth for s in shapes) + 2)}
+    jobs = {("chain", t): chain(t) for t in range(1, longest + 1)}
     jobs.update({("tree", s.branching): tree(s) for s in shapes})
     med = interleaved_medians(jobs)
     step = med[("chain", 1)]
