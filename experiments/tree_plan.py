@@ -9,17 +9,18 @@ In this one process:
      held-out demo prompts (``--rank_tokens`` each);
   2. τ̂ for every product tree (b_1, ..., b_d) with at most ``--max_nodes`` draft nodes inside the
      measuring tree;
-  3. a timed sweep (``analysis.sweep``, round-robin): plain greedy, MTP chains k = 1..d and the
-     trees on the Pareto front of (nodes, τ̂) — τ and decode / end-to-end speed-ups measured;
-  4. verify windows ÷ a bare step (``analysis.tree_costs``): chains of 1..R rows (R: the largest
-     tree's rows) and each timed tree;
-  5. per tree the bound on its decode speed-up here and the flat-window what-if, and a verdict:
-     whether any product tree within ``--max_nodes`` can be as fast as the best chain.
+  3. a timed sweep (``analysis.sweep``, round-robin) of plain greedy and the MTP chains k = 1..d:
+     τ and decode / end-to-end speed-ups; chain windows of 1..R rows ÷ a bare step
+     (``analysis.tree_costs``; R: the largest tree's rows) and f, a bare step ÷ plain decoding's
+     loop iteration, timed round-robin;
+  4. per tree the bound on its decode speed-up here (τ̂ over a lower bound of its cost: the chain
+     of its depth plus its extra window rows) and the flat-window what-if;
+  5. a second sweep: plain greedy, the fastest chain and the ``--time_trees`` trees with the
+     highest bounds, round-robin — the end-to-end verdict of issue 19 (best tree at least as fast
+     as the best chain in the same run), beside the model's.
 """
 
 from __future__ import annotations
-
-import statistics
 
 import jax
 from absl import app, flags
@@ -34,29 +35,45 @@ from mtpspec.tokenizers import ByteTokenizer
 FLAGS = flags.FLAGS
 cli.define_checkpoint("Target model directory (with an MTP head).")
 cli.define_json_out()
-flags.DEFINE_string("rank_tree", "3x2x2x2x1x1", "The measuring tree (b1xb2x...): depth and ranks.")
-flags.DEFINE_integer("rank_tokens", 512, "New tokens per prompt in the rank-acceptance run.")
+flags.DEFINE_string("rank_tree", "2x2x2x2x2x2", "The measuring tree (b1xb2x...): depth and ranks.")
+flags.DEFINE_integer(
+    "rank_tokens", None, "New tokens per prompt in the rank-acceptance run (default: the sweep's)."
+)
 flags.DEFINE_integer("max_nodes", 16, "Largest tree (draft nodes) considered.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt in the timed sweep.")
 flags.DEFINE_integer("repeats", 3, "Timed round-robin repeats.")
-flags.DEFINE_integer("time_trees", 8, "Trees of the (nodes, τ̂) Pareto front to time (largest τ̂).")
+flags.DEFINE_integer("time_trees", 4, "Trees with the highest bounds to time against the chain.")
 flags.DEFINE_integer("num_prompts", 4, "Held-out demo prompts to use (1..4).")
 
 
-def pareto(shapes, acc) -> list[tuple[int, ...]]:
-    """Trees whose τ̂ beats every tree with fewer nodes (the best τ̂ at each node count)."""
-    best_at: dict[int, tuple[float, tuple]] = {}
-    for b in shapes:
-        n, tau = TreeShape(b).nodes, acc.tau(b)
-        if n not in best_at or tau > best_at[n][0]:
-            best_at[n] = (tau, b)
-    front, top = [], 0.0
-    for n in sorted(best_at):
-        tau, b = best_at[n]
-        if tau > top:
-            front.append(b)
-            top = tau
-    return front
+def name(key) -> str:
+    """A configuration's label: an int k is the chain, a tuple a tree."""
+    return f"chain k={key}" if isinstance(key, int) else "tree " + "x".join(map(str, key))
+
+
+def timed_sweep(config, params, prompts, keys) -> dict:
+    """Plain greedy and each configuration (chain k or tree), timed round-robin in one sweep:
+    per key τ, end-to-end and decode speed-ups over plain greedy; plain's tok/s under None."""
+    commit = decoding.DEFAULT_COMMIT
+    points = [analysis.PLAIN] + [
+        analysis.Point("mtp", k, commit) if isinstance(k, int)
+        else analysis.Point("mtp", len(k), commit, tree=k)
+        for k in keys
+    ]  # fmt: skip
+    timed = analysis.sweep(
+        config, params, prompts, points, max_new=FLAGS.max_new_tokens, repeats=FLAGS.repeats
+    )
+    plain_tps, plain_decode = analysis.throughput(timed, analysis.PLAIN)
+    out = {None: dict(tokens_per_s=plain_tps, decode_tokens_per_s=plain_decode)}
+    for key, pt in zip(keys, points[1:], strict=True):
+        if timed.tokens[pt] != timed.tokens[analysis.PLAIN]:
+            raise RuntimeError(f"{name(key)} emitted tokens that differ from plain greedy")
+        tps, dec = analysis.throughput(timed, pt)
+        out[key] = dict(
+            tau=pooled(timed.stats[pt])["tau"], speedup=tps / plain_tps,
+            decode_speedup=dec / plain_decode,
+        )  # fmt: skip
+    return out
 
 
 def main(argv):
@@ -70,10 +87,11 @@ def main(argv):
     measuring = tuple(int(x) for x in FLAGS.rank_tree.split("x"))
     print(
         f"{FLAGS.checkpoint}: {config.num_layers} layers, H={config.hidden_size}; jax "
-        f"{jax.__version__} on {jax.default_backend()}; {len(prompts)} prompts"
+        f"{jax.__version__} on {jax.default_backend()}; {len(prompts)} prompts × "
+        f"{FLAGS.max_new_tokens} tokens, {FLAGS.repeats} round-robin repeats"
     )
     acc = tree_plan.rank_acceptance(
-        config, params, prompts, measuring, max_new_tokens=FLAGS.rank_tokens
+        config, params, prompts, measuring, max_new_tokens=FLAGS.rank_tokens or FLAGS.max_new_tokens
     )
     print(
         f"\nrank acceptance (greedy, measuring tree {FLAGS.rank_tree}, {acc.steps} steps, "
@@ -81,102 +99,98 @@ def main(argv):
     )
     print(acc.table())
 
-    shapes = tree_plan.product_trees(FLAGS.max_nodes, acc.depth, limit=acc.branching)
-    timed_trees = pareto(shapes, acc)[-FLAGS.time_trees :]
+    # 1. the chains: their measured cost per iteration is what every tree's bound starts from
     depth = acc.depth
-    points = [analysis.PLAIN] + [analysis.Point("mtp", k, decoding.DEFAULT_COMMIT) for k in
-                                 range(1, depth + 1)]  # fmt: skip
-    points += [analysis.Point("mtp", len(t), decoding.DEFAULT_COMMIT, tree=t) for t in timed_trees]
-    timed = analysis.sweep(
-        config, params, prompts, points, max_new=FLAGS.max_new_tokens, repeats=FLAGS.repeats
-    )
-    plain_tps, plain_decode = analysis.throughput(timed, analysis.PLAIN)
-    measured = {}
-    for pt in points[1:]:
-        tps, dec = analysis.throughput(timed, pt)
-        same = timed.tokens[pt] == timed.tokens[analysis.PLAIN]
-        tau = pooled(timed.stats[pt])["tau"]
-        measured[pt.tree or pt.k] = dict(
-            tau=tau, speedup=tps / plain_tps, decode_speedup=dec / plain_decode, same=same
-        )
-    if not all(m["same"] for m in measured.values()):
-        raise RuntimeError("a speculative configuration emitted tokens that differ from greedy")
-
+    shapes = tree_plan.product_trees(FLAGS.max_nodes, acc.depth, limit=acc.branching)
+    chains_run = timed_sweep(config, params, prompts, list(range(1, depth + 1)))
     rows_needed = max(TreeShape(b).rows for b in shapes)
-    costs = analysis.tree_costs(config, params, prompts[0], timed_trees, chain_rows=rows_needed)
-    step_ratio = costs["step_s"] * plain_decode  # a bare step ÷ plain decoding's time per token
-    chains = {k: (measured[k]["tau"], measured[k]["decode_speedup"]) for k in range(1, depth + 1)}
+    costs = analysis.tree_costs(config, params, prompts[0], [], chain_rows=rows_needed)
+    step_ratio = costs["step_s"] / costs["plain_step_s"]  # a bare step ÷ a plain loop iteration
+    chains = {k: (m["tau"], m["decode_speedup"]) for k, m in chains_run.items() if k}
+    chain_shapes = [(1,) * k for k in range(1, depth + 1)]
     bounds = tree_plan.speed_bounds(acc, shapes, chains, costs["chain"], step_ratio)
-    by_tree = {r["tree"]: r for r in bounds}
-
-    print(f"\nplain greedy: {plain_tps:.1f} tok/s end to end, {plain_decode:.1f} decode")
+    chain_model = tree_plan.speed_bounds(acc, chain_shapes, chains, costs["chain"], step_ratio)
+    print(
+        f"\nplain greedy: {chains_run[None]['tokens_per_s']:.1f} tok/s end to end, "
+        f"{chains_run[None]['decode_tokens_per_s']:.1f} decode"
+    )
     print(f"chain windows ÷ a bare step, t = 1..{rows_needed} rows:")
     print("  " + " ".join(f"{costs['chain'][t]:.2f}" for t in sorted(costs["chain"])))
-    print(f"a bare step ÷ plain decoding's time per token (f): {step_ratio:.3f}")
-    head = f"{'drafts':<14} {'nodes':>5} {'rows':>4} {'tau^':>6} {'tau':>6} {'decode':>7} "
-    print(
-        "\nmeasured (tau^: predicted from the rank acceptance; decode / e2e: speed-up over plain;"
-    )
-    print("bound: the most a tree's decode speed-up can be here; w/step: its window ÷ a step):")
-    print(head + f"{'e2e':>6} {'bound':>6} {'w/step':>6}")
-    for k in range(1, depth + 1):
-        m = measured[k]
-        print(
-            f"{'chain k=' + str(k):<14} {k:>5} {k + 1:>4} {acc.tau((1,) * k):>6.2f} "
-            f"{m['tau']:>6.2f} {m['decode_speedup']:>7.2f} {m['speedup']:>6.2f} {'':>6} "
-            f"{costs['chain'][k + 1]:>6.2f}"
-        )
-    for t in timed_trees:
-        m, r = measured[t], by_tree[t]
-        print(
-            f"{'tree ' + 'x'.join(map(str, t)):<14} {r['nodes']:>5} {r['rows']:>4} "
-            f"{r['tau_hat']:>6.2f} {m['tau']:>6.2f} {m['decode_speedup']:>7.2f} "
-            f"{m['speedup']:>6.2f} {r['bound']:>6.2f} {costs['tree'][t]:>6.2f}"
-        )
+    print(f"f, a bare step ÷ an iteration of plain decoding's loop: {step_ratio:.3f}")
+    print("\nchains (tau^: predicted from the rank acceptance; decode / e2e: speed-up over plain;")
+    print("model: tau^ / the measured cost per iteration):")
+    print(f"{'drafts':<16} {'tau^':>6} {'tau':>6} {'decode':>7} {'e2e':>6} {'model':>6}")
+    for k, r in zip(range(1, depth + 1), chain_model, strict=True):
+        m = chains_run[k]
+        print(f"{name(k):<16} {r['tau_hat']:>6.2f} {m['tau']:>6.2f} {m['decode_speedup']:>7.2f} "
+              f"{m['speedup']:>6.2f} {r['bound']:>6.2f}")  # fmt: skip
 
-    best_k = max(chains, key=lambda k: measured[k]["decode_speedup"])
-    best_chain = measured[best_k]
-    top = sorted(bounds, key=lambda r: -r["bound"])[:8]
-    print(f"\nthe {len(top)} highest bounds of {len(bounds)} trees (≤ {FLAGS.max_nodes} nodes):")
-    print(f"{'tree':<12} {'nodes':>5} {'rows':>4} {'tau^':>6} {'bound':>6} {'flat':>6}")
-    for r in top:
+    # 2. every tree's bound; the highest ones timed against the best chain in one sweep
+    top = sorted(bounds, key=lambda r: -r["bound"])
+    print(f"\nthe 10 highest bounds of {len(bounds)} trees (≤ {FLAGS.max_nodes} nodes; bound: the")
+    print("most its decode speed-up can be here; flat: if windows cost as much at any rows):")
+    print(f"{'tree':<14} {'nodes':>5} {'rows':>4} {'tau^':>6} {'bound':>6} {'flat':>6}")
+    for r in top[:10]:
         print(
-            f"{'x'.join(map(str, r['tree'])):<12} {r['nodes']:>5} {r['rows']:>4} "
+            f"{'x'.join(map(str, r['tree'])):<14} {r['nodes']:>5} {r['rows']:>4} "
             f"{r['tau_hat']:>6.2f} {r['bound']:>6.2f} {r['flat']:>6.2f}"
         )
-    flat = max(bounds, key=lambda r: r["flat"])
-    tau_gain = max(r["tau_hat"] for r in bounds) - measured[3]["tau"] if depth >= 3 else None
-    verdict = top[0]["bound"] < best_chain["decode_speedup"]
+    best_k = max(chains, key=lambda k: chains_run[k]["decode_speedup"])
+    model_chain = max(chain_model, key=lambda r: r["bound"])
+    candidates = [r["tree"] for r in top[: FLAGS.time_trees]]
+    final = timed_sweep(config, params, prompts, [best_k, *candidates])
+    tree_windows = analysis.tree_costs(config, params, prompts[0], candidates)["tree"]
+    print(f"\nthe best chain and the {len(candidates)} highest-bound trees, one sweep:")
+    print(f"{'drafts':<16} {'nodes':>5} {'tau^':>6} {'tau':>6} {'decode':>7} {'e2e':>6} "
+          f"{'bound':>6} {'w/step':>6}")  # fmt: skip
+    by_tree = {r["tree"]: r for r in bounds + chain_model}
+    for key in [best_k, *candidates]:
+        r, m = by_tree[(1,) * key if isinstance(key, int) else key], final[key]
+        w = costs["chain"][key + 1] if isinstance(key, int) else tree_windows[key]
+        print(
+            f"{name(key):<16} {r['nodes']:>5} {r['tau_hat']:>6.2f} {m['tau']:>6.2f} "
+            f"{m['decode_speedup']:>7.2f} {m['speedup']:>6.2f} {r['bound']:>6.2f} {w:>6.2f}"
+        )
+    best_tree = max(candidates, key=lambda t: final[t]["speedup"])
+    wins = final[best_tree]["speedup"] >= final[best_k]["speedup"]
     print(
-        f"\nbest chain: k={best_k}, decode {best_chain['decode_speedup']:.2f}x "
-        f"(tau {best_chain['tau']:.2f}); highest tree bound: "
-        f"{'x'.join(map(str, top[0]['tree']))} at {top[0]['bound']:.2f}x -> "
+        f"\nmodel: best chain k={model_chain['nodes']} at {model_chain['bound']:.2f}x, highest "
+        f"tree bound {'x'.join(map(str, top[0]['tree']))} at {top[0]['bound']:.2f}x -> "
         + (
             "no product tree within the node budget can be as fast as the best chain here"
-            if verdict
-            else "a tree may be as fast as the best chain: time it"
+            if top[0]["bound"] < model_chain["bound"]
+            else "the bound does not rule trees out"
         )  # fmt: skip
     )
-    if tau_gain is not None:
-        print(f"largest tau^ over chain k=3's measured tau: {tau_gain:+.2f}")
     print(
-        f"flat-window what-if (window cost independent of rows): best tree "
-        f"{'x'.join(map(str, flat['tree']))} at {flat['flat']:.2f}x decode against the best "
-        f"chain's {best_chain['decode_speedup']:.2f}x (a model, not a measurement)"
+        f"measured, end to end: {name(best_tree)} {final[best_tree]['speedup']:.2f}x "
+        f"vs chain k={best_k} {final[best_k]['speedup']:.2f}x -> "
+        + ("the tree is at least as fast" if wins else "the chain is faster")
     )
+    if depth >= 3:
+        gain = max(r["tau_hat"] for r in bounds) - by_tree[(1, 1, 1)]["tau_hat"]
+        print(f"largest tau^ of a tree over chain k=3's tau^: {gain:+.2f}")
+    flat_tree = max(bounds, key=lambda r: r["flat"])
+    flat_chain = max(chain_model, key=lambda r: r["flat"])
+    print(
+        "flat-window what-if (a window of any rows costing as much as one of two; a model, not a "
+        f"measurement): best tree {'x'.join(map(str, flat_tree['tree']))} at "
+        f"{flat_tree['flat']:.2f}x, best chain k={flat_chain['nodes']} at {flat_chain['flat']:.2f}x"
+    )
+    label = lambda d: {("plain" if k is None else name(k)): v for k, v in d.items()}  # noqa: E731
     cli.write_json({
         "rank_tree": list(acc.branching), "hits": acc.hits.tolist(),
-        "reached": acc.reached.tolist(), "rank_steps": acc.steps,
-        "rank_tau": acc.measured_tau, "plain_tokens_per_s": plain_tps,
-        "plain_decode_tokens_per_s": plain_decode, "step_ratio": step_ratio,
-        "chain_windows": {str(t): v for t, v in costs["chain"].items()},
-        "tree_windows": {"x".join(map(str, t)): v for t, v in costs["tree"].items()},
-        "measured": {(f"chain k={k}" if isinstance(k, int) else "x".join(map(str, k))): m
-                     for k, m in measured.items()},
+        "reached": acc.reached.tolist(), "rank_steps": acc.steps, "rank_tau": acc.measured_tau,
+        "step_ratio": step_ratio, "chain_windows": {str(t): v for t, v in costs["chain"].items()},
+        "tree_windows": {"x".join(map(str, t)): v for t, v in tree_windows.items()},
+        "chains": label(chains_run), "final": label(final),
         "bounds": [{**r, "tree": list(r["tree"])} for r in bounds],
-        "best_chain": {"k": best_k, **best_chain}, "no_tree_can_match": verdict,
-        "repeats": FLAGS.repeats, "max_new_tokens": FLAGS.max_new_tokens,
-        "seconds_median_plain": statistics.median(timed.seconds[analysis.PLAIN]),
+        "chain_model": [{**r, "tree": list(r["tree"])} for r in chain_model],
+        "bound_rules_trees_out": top[0]["bound"] < model_chain["bound"],
+        "best_tree_at_least_as_fast": wins,
+        "settings": dict(max_new_tokens=FLAGS.max_new_tokens, repeats=FLAGS.repeats,
+                         rank_tree=FLAGS.rank_tree, max_nodes=FLAGS.max_nodes,
+                         prompts=len(prompts), jax=jax.__version__),
     })  # fmt: skip
 
 

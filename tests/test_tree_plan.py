@@ -155,7 +155,9 @@ def test_the_speed_bound_adds_the_extra_rows_to_the_chains_iteration():
     c_chain = 2.1 / 1.4  # plain steps per iteration of chain k = 2
     assert row["tau_hat"] == pytest.approx(tau)
     assert row["bound"] == pytest.approx(tau / (c_chain + 0.9 * (1.45 - 1.2)))
-    assert row["flat"] == pytest.approx(tau / c_chain)
+    assert row["flat"] == pytest.approx(tau / (c_chain - 0.9 * (1.2 - 1.1)))
+    (chain,) = tree_plan.speed_bounds(acc, [(1, 1)], chains, windows, step_ratio=0.9)
+    assert chain["bound"] == pytest.approx(acc.tau((1, 1)) / c_chain)  # no extra rows
     assert (row["nodes"], row["rows"]) == (4, 5)
     with pytest.raises(ValueError, match="no chain of depth"):
         tree_plan.speed_bounds(acc, [(2, 1)], {1: (1.6, 1.2)}, windows, 0.9)

@@ -27,9 +27,11 @@ rows (measured: ``tree_costs``' tree and chain columns), so measured in plain de
     C_tree ≥ C_chain(d) + f · (w(R) − w(d + 1)),   C_chain(d) = τ_d / decode speed-up_d,
 
 f = a bare step ÷ plain decoding's time per token. τ̂ / that is an upper bound on the tree's decode
-speed-up (its extra drafting rows are left out: the bound is optimistic). ``flat`` is the what-if
-of a machine where a window's cost does not grow with its rows (w(R) = w(d + 1): a GPU's regime
-far into the tens of rows): τ̂ / C_chain(d).
+speed-up (its extra drafting rows and the tree forms' own overheads are left out: the bound is
+optimistic); for a chain (all b_j = 1) it is τ̂ / C_chain(d), the chain's measured speed-up with its
+τ replaced by τ̂, so trees and chains compare through one model. ``flat`` is the what-if of a
+machine where a window costs as much at any number of rows as at two (a GPU's regime far into
+the tens of rows), for trees and chains alike: τ̂ / (C_chain(d) − f · (w(d + 1) − w(2))).
 """
 
 from __future__ import annotations
@@ -231,12 +233,13 @@ def speed_bounds(
         d, r = shape.depth, shape.rows
         if d not in chains:
             raise ValueError(f"tree {shape.branching}: no chain of depth {d} was measured")
-        if r not in windows or d + 1 not in windows:
+        if r not in windows or d + 1 not in windows or 2 not in windows:
             raise ValueError(f"tree {shape.branching}: no chain window of {r} rows was measured")
         tau_d, speed_d = chains[d]
         c_chain = tau_d / speed_d
         tau = acc.tau(shape.branching)
         cost = c_chain + step_ratio * (windows[r] - windows[d + 1])
+        flat = c_chain - step_ratio * (windows[d + 1] - windows[min(2, d + 1)])
         rows.append(
             dict(
                 tree=shape.branching,
@@ -244,7 +247,7 @@ def speed_bounds(
                 rows=r,
                 tau_hat=tau,
                 bound=tau / cost,
-                flat=tau / c_chain,
+                flat=tau / flat,
             )
         )
     return rows

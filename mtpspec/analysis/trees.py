@@ -28,7 +28,9 @@ def tree_costs(
     config, params, prompt, shapes: Sequence[tuple], *, iters=64, linear="auto", chain_rows=0
 ):
     """Seconds of a 1-token step, and window ÷ step for chains of t = 1 .. max(deepest tree + 1,
-    ``chain_rows``) rows (each with the GDN form decoding runs for t rows) and for each tree."""
+    ``chain_rows``) rows (each with the GDN form decoding runs for t rows) and for each tree; and
+    ``plain_step_s``, one iteration of plain decoding's own loop body (``program.step``: the step
+    with its sampling, emit and stop checks), timed in the same round-robin."""
     shapes = [mtree.check_tree(x) for x in shapes]
     longest = max([s.depth + 1 for s in shapes] + [chain_rows])
     rows = max([t.rows for t in shapes] + [longest])
@@ -60,12 +62,22 @@ def tree_costs(
             shape.rows,
         )
 
-    jobs = {("chain", t): chain(t) for t in range(1, longest + 1)}
+    plain = decoding.prepare(config, params, [list(prompt)], max_new_tokens=iters + 8,
+                             linear=linear)  # fmt: skip
+    pp, ppp, _, _, max_new, eos, _ = plain.args
+
+    def plain_body(consts, c):
+        return program.step(plain.key, *consts, c)
+
+    consts = (pp, ppp, max_new, eos)
+    jobs = {("plain", 0): loop_job(plain_body, consts, plain.prefill(), iters=iters)}
+    jobs.update({("chain", t): chain(t) for t in range(1, longest + 1)})
     jobs.update({("tree", s.branching): tree(s) for s in shapes})
     med = interleaved_medians(jobs)
     step = med[("chain", 1)]
     return {
         "step_s": step / iters,
+        "plain_step_s": med[("plain", 0)] / iters,
         "chain": {t: s / step for (kind, t), s in med.items() if kind == "chain"},
         "tree": {b: s / step for (kind, b), s in med.items() if kind == "tree"},
     }
