@@ -42,7 +42,6 @@ import mtpspec
 from experiments import cli
 from mtpspec import analysis, checkpoints, decoding
 from mtpspec.models.inference import resolve_linear
-from mtpspec.tokenizers import ByteTokenizer
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint("Target model directory.")
@@ -74,17 +73,6 @@ def _setting(value, default, quick):
     if value is not None:
         return value
     return quick if FLAGS.quick else default
-
-
-def load_prompts(config, n: int) -> list[list[int]]:
-    """The held-out demo prompts (byte vocabulary), else deterministic repeated random ids."""
-    if not 1 <= n <= 4:
-        raise ValueError(f"--num_prompts must be in 1..4, got {n}")
-    if config.vocab_size == ByteTokenizer.vocab_size:
-        return [ByteTokenizer().encode(t) for t in cli.demo_texts()[:n]]
-    rng = np.random.default_rng(0)
-    half = rng.integers(0, config.vocab_size, size=(n, 40))
-    return np.concatenate([half, half], axis=1).tolist()
 
 
 def peer_comparison(mode: str, k: int, max_new: int, repeats: int) -> dict | None:
@@ -408,7 +396,7 @@ def print_peer(peer):
 def main(argv):
     del argv
     config, params, draft, proposers, ks, commits, run = settings()
-    prompts = load_prompts(config, FLAGS.num_prompts)
+    prompts = cli.bench_prompts(config, FLAGS.num_prompts)
     print(
         f"{FLAGS.checkpoint}: {config.family}, H={config.hidden_size}, {config.num_layers} layers, "
         f"vocab {config.vocab_size}; jax {jax.__version__} on {jax.default_backend()}; "

@@ -160,6 +160,22 @@ def tokenizer_for(config, path):
     return checkpoints.load_tokenizer(path, config)
 
 
+def bench_prompts(config, n: int) -> list[list[int]]:
+    """The first ``n`` held-out demo prompts (byte vocabulary), else n deterministic prompts of 40
+    random ids repeated twice (n-gram lookup has something to find)."""
+    import numpy as np
+
+    from mtpspec.tokenizers import ByteTokenizer
+
+    if not 1 <= n <= 4:
+        raise ValueError(f"--num_prompts must be in 1..4, got {n}")
+    if config.vocab_size == ByteTokenizer.vocab_size:
+        return [ByteTokenizer().encode(t) for t in demo_texts()[:n]]
+    rng = np.random.default_rng(0)
+    half = rng.integers(0, config.vocab_size, size=(n, 40))
+    return np.concatenate([half, half], axis=1).tolist()
+
+
 def demo_texts() -> list[str]:
     """The held-out demo prompts (``mtpspec/assets/demo_prompts.json``)."""
     spec = json.loads((ASSETS / "demo_prompts.json").read_text())

@@ -30,7 +30,6 @@ from mtpspec import analysis, checkpoints, decoding
 from mtpspec.analysis import tree_plan
 from mtpspec.decoding.stats import pooled
 from mtpspec.models.tree import TreeShape
-from mtpspec.tokenizers import ByteTokenizer
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint("Target model directory (with an MTP head).")
@@ -43,7 +42,9 @@ flags.DEFINE_integer("max_nodes", 16, "Largest tree (draft nodes) considered.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt in the timed sweep.")
 flags.DEFINE_integer("repeats", 3, "Timed round-robin repeats.")
 flags.DEFINE_integer("time_trees", 4, "Trees with the highest bounds to time against the chain.")
-flags.DEFINE_integer("num_prompts", 4, "Held-out demo prompts to use (1..4).")
+flags.DEFINE_integer(
+    "num_prompts", 4, "Held-out demo prompts to use (1..4; see cli.bench_prompts)."
+)
 
 
 def name(key) -> str:
@@ -81,9 +82,7 @@ def main(argv):
     config, params = checkpoints.load(FLAGS.checkpoint)
     if not config.mtp_num_layers:
         raise app.UsageError(f"{FLAGS.checkpoint} has no MTP head: trees are drafted by MTP")
-    if config.vocab_size != ByteTokenizer.vocab_size or not 1 <= FLAGS.num_prompts <= 4:
-        raise app.UsageError("the demo prompts need a byte-vocabulary model; --num_prompts 1..4")
-    prompts = [ByteTokenizer().encode(t) for t in cli.demo_texts()[: FLAGS.num_prompts]]
+    prompts = cli.bench_prompts(config, FLAGS.num_prompts)
     measuring = tuple(int(x) for x in FLAGS.rank_tree.split("x"))
     print(
         f"{FLAGS.checkpoint}: {config.num_layers} layers, H={config.hidden_size}; jax "

@@ -50,6 +50,7 @@ def subprocess_env(*, optimised: bool = False) -> dict[str, str]:
         env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(SUITE_O0, "").strip()
     return env
 
+
 # The 8-device sharding tests run in their own process (tests/test_sharding.py starts it with
 # MTPSPEC_MULTIDEVICE=1 and 8 simulated CPU devices); the main session does not collect them.
 collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multidevice"]

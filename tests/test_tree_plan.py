@@ -5,7 +5,11 @@ enumeration against its definition, the speed bound's arithmetic, and the refusa
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +22,8 @@ from mtpspec import decoding, models
 from mtpspec.analysis import tree_plan
 from mtpspec.decoding import tree as dtree
 from mtpspec.models.tree import TreeShape
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _monte_carlo_tau(shape, p, n, seed):
@@ -118,7 +124,8 @@ def test_predictions_outside_the_measuring_tree_are_refused(small_model):
             acc.tau(bad)
     never = tree_plan.RankAcceptance((1, 1), np.array([[0], [0]]), np.array([4, 0]), 4, 0)
     with pytest.raises(ValueError, match="never reached"):
-        never.tau((1, 1))
+        never.p(1)
+    assert never.tau((1, 1)) == never.measured_tau == 1.0  # nothing past the root was accepted
     with pytest.raises(ValueError, match="too small"):
         tree_plan.tree_tau([[0.5]], (2,))
     config, params = small_model
@@ -165,3 +172,30 @@ def test_the_speed_bound_adds_the_extra_rows_to_the_chains_iteration():
         tree_plan.speed_bounds(acc, [(2, 1)], chains, {1: 1.0, 3: 1.2}, 0.9)
     with pytest.raises(ValueError, match="step_ratio"):
         tree_plan.speed_bounds(acc, [(2, 1)], chains, windows, 0.0)
+
+
+@pytest.mark.slow(60)
+def test_the_tree_plan_script_writes_its_json(tmp_path):
+    """experiments/tree_plan.py end to end on a small checkpoint: the rank run, both sweeps (every
+    configuration's tokens equal plain greedy's, or the script raises), bounds for every tree."""
+    out = tmp_path / "plan.json"
+    cmd = [
+        sys.executable, "-m", "experiments.tree_plan", "--checkpoint=tests/fixtures/hf/qwen3_5",
+        "--rank_tree=2x2", "--max_nodes=4", "--max_new_tokens=12", "--repeats=1",
+        "--time_trees=1", "--num_prompts=2", f"--json_out={out}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["rank_tree"] == [2, 2] and result["rank_steps"] > 0
+    acc = tree_plan.RankAcceptance(
+        (2, 2), np.array(result["hits"]), np.array(result["reached"]), result["rank_steps"], 0
+    )
+    assert acc.tau((2, 2)) == pytest.approx(result["rank_tau"])  # the counts telescope
+    shapes = {tuple(r["tree"]) for r in result["bounds"]}
+    assert shapes == {(2,), (1, 2), (2, 1)}  # (2, 2) has 6 nodes: over the budget
+    for r in result["bounds"]:  # NaN only where prefill swamped the chain's decode time
+        assert r["tau_hat"] >= 1.0 and (r["bound"] > 0 or np.isnan(r["bound"]))
+    assert set(result["chains"]) == {"plain", "chain k=1", "chain k=2"}
+    assert len(result["final"]) == 3 and isinstance(result["best_tree_at_least_as_fast"], bool)
+    assert set(result["chain_windows"]) == {"1", "2", "3", "4", "5"}  # (2, 1): 5 rows

@@ -86,7 +86,9 @@ class RankAcceptance:
                 f"tree {b} is outside the measuring tree {self.branching}: its acceptance "
                 "at that depth and rank was not measured"
             )
-        return tree_tau([self.p(j) for j in range(len(b))], b)
+        # a depth no step reached adds nothing: the reach to it is already 0
+        p = [self.p(j) if self.reached[j] else np.zeros(b[j]) for j in range(len(b))]
+        return tree_tau(p, b)
 
     def table(self) -> str:
         """p_j(r) as text, one line per depth."""
