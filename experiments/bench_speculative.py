@@ -204,10 +204,7 @@ def trees(proposers) -> list[tuple[int, ...]]:
     """--trees as branching tuples (MTP only: the proposer that drafts trees)."""
     if "mtp" not in proposers:
         return []
-    try:
-        return [tuple(int(b) for b in t.split("x")) for t in FLAGS.trees if t]
-    except ValueError as e:
-        raise app.UsageError(f"--trees takes shapes like 2x2x1: {FLAGS.trees}") from e
+    return [cli.parse_tree(t, "--trees") for t in FLAGS.trees if t]
 
 
 def _impls() -> list[str]:

@@ -160,6 +160,18 @@ def tokenizer_for(config, path):
     return checkpoints.load_tokenizer(path, config)
 
 
+def parse_tree(text: str, flag: str) -> tuple[int, ...]:
+    """A draft tree written b1xb2x... (``2x2x1``; one level: ``3``) as its branching tuple;
+    app.UsageError naming ``flag`` otherwise."""
+    try:
+        tree = tuple(int(b) for b in text.lower().split("x"))
+    except ValueError:
+        tree = ()
+    if not tree or min(tree) < 1:
+        raise app.UsageError(f"{flag} takes tree shapes like 2x2x1 (b_i >= 1), got {text!r}")
+    return tree
+
+
 def bench_prompts(config, n: int) -> list[list[int]]:
     """The first ``n`` held-out demo prompts (byte vocabulary), else n deterministic prompts of 40
     random ids repeated twice (n-gram lookup has something to find)."""

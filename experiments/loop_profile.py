@@ -36,7 +36,9 @@ from mtpspec import checkpoints, decoding
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
-flags.DEFINE_string("config", "mtp:3", "proposer:k, proposer:b1xb2x... (a tree) or none.")
+flags.DEFINE_string(
+    "config", "mtp:3", "proposer:k, proposer:b1xb2x... or proposer:tree=b1 (a tree), or none."
+)
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens.")
 flags.DEFINE_integer("depth", 2, "Innermost source functions that name a glue fusion.")
 flags.DEFINE_integer("top", 25, "Glue sources to list.")
@@ -119,14 +121,13 @@ def main(argv):
     tok = cli.tokenizer_for(config, FLAGS.checkpoint)
     prompt = tok.encode(cli.demo_texts()[0])
     proposer, _, k = FLAGS.config.partition(":")
-    if proposer != "none" and not k.replace("x", "").isdigit():
-        raise app.UsageError(
-            f"--config: {FLAGS.config!r} is not none, proposer:k (mtp:3) or proposer:b1xb2x... "
-            "(a tree, mtp:2x1x1)"
-        )
     spec = None
     if proposer != "none":
-        tree = tuple(int(b) for b in k.split("x")) if "x" in k else None
+        if not k:
+            raise app.UsageError(f"--config: {FLAGS.config!r} is not none or proposer:k")
+        tree = cli.parse_tree(k.removeprefix("tree="), "--config") if "x" in k or "=" in k else None
+        if tree is None and not k.isdigit():
+            raise app.UsageError(f"--config: {FLAGS.config!r}: k must be an int (mtp:3)")
         spec = decoding.SpecConfig(proposer, len(tree) if tree else int(k), tree=tree)
 
     def go():

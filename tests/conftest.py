@@ -37,9 +37,10 @@ if _CACHE_SETTING != "off":
 
 def subprocess_env(*, optimised: bool = False) -> dict[str, str]:
     """The environment for a subprocess the suite starts (a training run, a notebook kernel):
-    this one's, plus the suite's compilation cache through JAX_* variables, and without the
-    suite's LLVM -O0 when ``optimised`` (compute-bound runs; only if the suite added it)."""
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+    this one's, on the CPU (``JAX_PLATFORMS=cpu``: the suite's results are CPU results), plus the
+    suite's compilation cache and its thresholds through JAX_* variables, and without the suite's
+    LLVM -O0 when ``optimised`` (compute-bound runs; only if the suite added it)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     if _CACHE_SETTING != "off":
         env.update(
             JAX_COMPILATION_CACHE_DIR=_CACHE_SETTING,

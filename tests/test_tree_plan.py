@@ -4,6 +4,7 @@ enumeration against its definition, the speed bound's arithmetic, and the refusa
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -20,6 +21,7 @@ import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models
 from mtpspec.analysis import tree_plan
+from mtpspec.decoding import program, stages
 from mtpspec.decoding import tree as dtree
 from mtpspec.models.tree import TreeShape
 
@@ -81,7 +83,7 @@ PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3], [7]]
 
 def test_a_one_wide_measuring_tree_counts_what_the_chain_loop_accepts(small_model):
     """Tree (1, 1, 1) verifies as chain k = 3 does: its rank-0 hits at depth j are exactly the
-    chain run's steps that accepted more than j drafts (steps cut short by the length left out)."""
+    chain run's steps that accepted more than j drafts, every step counted."""
     config, params = small_model
     max_new = 24
     acc = tree_plan.rank_acceptance(config, params, PROMPTS, (1, 1, 1), max_new_tokens=max_new)
@@ -89,17 +91,63 @@ def test_a_one_wide_measuring_tree_counts_what_the_chain_loop_accepts(small_mode
         config, params, PROMPTS, max_new_tokens=max_new,
         speculative=decoding.SpecConfig("mtp", 3, decoding.DEFAULT_COMMIT),
     )  # fmt: skip
-    kept = []
-    for seq in chain.stats["accepted"]:
-        seq = [a for a in seq if a >= 0]
-        if 1 + sum(a + 1 for a in seq) > max_new:  # the last step was cut short
-            seq = seq[:-1]
-        kept += seq
-    kept = np.asarray(kept)
-    assert acc.steps == len(kept) and acc.accepted == kept.sum()
-    np.testing.assert_array_equal(acc.hits[:, 0], [(kept > j).sum() for j in range(3)])
-    np.testing.assert_array_equal(acc.reached, [(kept >= j).sum() for j in range(3)])
+    steps = np.asarray([a for seq in chain.stats["accepted"] for a in seq if a >= 0])
+    assert acc.steps == len(steps) and acc.accepted == steps.sum()
+    assert acc.measured_tau == pytest.approx(1 + steps.mean())
+    np.testing.assert_array_equal(acc.hits[:, 0], [(steps > j).sum() for j in range(3)])
+    np.testing.assert_array_equal(acc.reached, [(steps >= j).sum() for j in range(3)])
     assert 0 < acc.accepted < 3 * acc.steps  # some steps accepted, some missed
+
+
+def test_child_ranks_walk_the_path():
+    tree = TreeShape((3, 2))  # rows: 0 | 1 2 3 | 4 5 (of 1) 6 7 (of 2) 8 9 (of 3)
+    want = {0: [], 1: [0], 2: [1], 3: [2], 4: [0, 0], 5: [0, 1], 6: [1, 0], 7: [1, 1], 9: [2, 1]}
+    for node, ranks in want.items():
+        assert tree_plan.child_ranks(tree, node) == ranks, node
+
+
+def test_every_recorded_rank_is_the_child_that_carries_the_target_token(small_model):
+    """An oracle apart from ``Carry.node``: step the same n-gram tree program, recompute each
+    step's drafts (integer code: exactly the loop's) and walk plain greedy's continuation down
+    the tree; the per-depth rank counts must be rank_acceptance's, ranks past the first included."""
+    config, params = small_model
+    shape, max_new = TreeShape((3, 2)), 24
+    prompts = [[1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2], [3, 3, 3, 6, 3, 3, 7, 3], [7]]
+    acc = tree_plan.rank_acceptance(
+        config, params, prompts, shape, max_new_tokens=max_new, proposer="ngram"
+    )
+    truth = mtpspec.generate(config, params, prompts, max_new_tokens=max_new + 4).tokens
+    spec = decoding.SpecConfig("ngram", 2, decoding.DEFAULT_COMMIT, tree=shape.branching)
+    prep = decoding.prepare(config, params, prompts, max_new_tokens=max_new, speculative=spec)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def propose(s, params, pparams, c):  # what program.step proposes from this carry
+        draws = c.draws.fold(c.step).fold(program.PROPOSE)
+        active = c.stop == stages.RUNNING
+        return s.proposer.propose(
+            s, params, pparams, c.pstate, c.state, c.pending, active, draws
+        ).drafts
+
+    hits, reached = np.zeros_like(acc.hits), np.zeros_like(acc.reached)
+    c = prep.prefill()
+    while (np.asarray(c.stop) == stages.RUNNING).any() and int(c.step) < prep.key.out_size:
+        running = np.flatnonzero(np.asarray(c.stop) == stages.RUNNING)
+        drafts, count = np.asarray(propose(prep.key, *prep.args[:2], c)), np.asarray(c.count)
+        tokens = np.concatenate([np.asarray(c.pending)[:, None], drafts], axis=1)
+        for i in running:
+            node, future = 0, truth[i][count[i] :]  # the target's tokens after the root
+            for j, b in enumerate(shape.branching):
+                reached[j] += 1
+                first = shape.first_child[node]
+                match = np.flatnonzero(tokens[i, first : first + b] == future[j])
+                if match.size == 0:
+                    break
+                hits[j, match[0]] += 1
+                node = first + int(match[0])
+        c = prep.step(c)
+    np.testing.assert_array_equal(acc.hits, hits)
+    np.testing.assert_array_equal(acc.reached, reached)
+    assert hits[:, 1:].sum() > 0  # second and third choices were accepted too
 
 
 def test_a_wide_measuring_tree_gives_back_its_own_tau(small_model):
@@ -168,7 +216,10 @@ def test_the_speed_bound_adds_the_extra_rows_to_the_chains_iteration():
     assert (row["nodes"], row["rows"]) == (4, 5)
     with pytest.raises(ValueError, match="no chain of depth"):
         tree_plan.speed_bounds(acc, [(2, 1)], {1: (1.6, 1.2)}, windows, 0.9)
-    with pytest.raises(ValueError, match="rows was measured"):
+    dip = {**windows, 5: 1.15}  # a measured dip below the 3-row window: the extra rows cost 0
+    (row,) = tree_plan.speed_bounds(acc, [(2, 1)], chains, dip, step_ratio=0.9)
+    assert row["bound"] == pytest.approx(tau / c_chain)
+    with pytest.raises(ValueError, match=r"no chain window of \[2, 5\] rows"):
         tree_plan.speed_bounds(acc, [(2, 1)], chains, {1: 1.0, 3: 1.2}, 0.9)
     with pytest.raises(ValueError, match="step_ratio"):
         tree_plan.speed_bounds(acc, [(2, 1)], chains, windows, 0.0)
@@ -181,7 +232,7 @@ def test_the_tree_plan_script_writes_its_json(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [
         sys.executable, "-m", "experiments.tree_plan", "--checkpoint=tests/fixtures/hf/qwen3_5",
-        "--rank_tree=2x2", "--max_nodes=4", "--max_new_tokens=12", "--repeats=1",
+        "--rank_tree=2x2", "--max_nodes=4", "--max_new_tokens=24", "--repeats=1",
         "--time_trees=1", "--num_prompts=2", f"--json_out={out}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -194,8 +245,8 @@ def test_the_tree_plan_script_writes_its_json(tmp_path):
     assert acc.tau((2, 2)) == pytest.approx(result["rank_tau"])  # the counts telescope
     shapes = {tuple(r["tree"]) for r in result["bounds"]}
     assert shapes == {(2,), (1, 2), (2, 1)}  # (2, 2) has 6 nodes: over the budget
-    for r in result["bounds"]:  # NaN only where prefill swamped the chain's decode time
-        assert r["tau_hat"] >= 1.0 and (r["bound"] > 0 or np.isnan(r["bound"]))
+    for r in result["bounds"]:
+        assert r["tau_hat"] >= 1.0 and r["bound"] > 0 and r["flat"] > 0
     assert set(result["chains"]) == {"plain", "chain k=1", "chain k=2"}
     assert len(result["final"]) == 3 and isinstance(result["best_tree_at_least_as_fast"], bool)
     assert set(result["chain_windows"]) == {"1", "2", "3", "4", "5"}  # (2, 1): 5 rows

@@ -1,7 +1,7 @@
 """Which draft tree to verify: per-depth rank acceptance measured in the decoding loop, τ predicted
-for any tree shape from it, and a bound on what a tree's speed-up can be on this machine.
+for any tree shape from it, and a ceiling on what a tree's speed-up can be on this machine.
 
-    acc = rank_acceptance(config, params, prompts, (3, 3, 2, 2), max_new_tokens=128)
+    acc = rank_acceptance(config, params, prompts, (2, 2, 2, 2), max_new_tokens=128)
     acc.tau((2, 2, 1))                          # predicted τ of a (2, 2, 1) tree
     shapes = product_trees(16, acc.depth, limit=acc.branching)
     rows = speed_bounds(acc, shapes, chains, windows, step_ratio)
@@ -14,39 +14,41 @@ with probability Π_{i≤j} q_i(b_i), q_i(b) = Σ_{r<b} p_i(r), and
 
     τ = 1 + Σ_j Π_{i≤j} q_i(b_i)            (a chain: every b_i = 1)
 
-``rank_acceptance`` measures p_j(r) for r < b_j with one wide tree (the loop's own greedy
-acceptance; per depth pooled over every step that reached it). For the measuring tree itself the
-formula gives back the run's τ exactly (telescoping counts); for other shapes it is a prediction,
-to be checked against their measured τ.
+``rank_acceptance`` measures p_j(r) for r < b_j with one wide tree: the row each verify step of
+the loop accepted (``Carry.node``) gives the rank of every child on its path; per depth pooled
+over every step that reached it. For the measuring tree itself the formula gives back the run's
+τ exactly (telescoping counts); for other shapes it is a prediction, to be checked against their
+measured τ (``experiments/tree_plan.py`` prints both).
 
 ``speed_bounds``: a tree of depth d and R rows does all a depth-d chain's iteration does (propose
 d levels, verify, commit, update) and verifies R − d − 1 more rows. A chain window of t rows costs
 w(t) bare decode steps (``tree_costs``), and a tree window costs at least a chain window of as many
-rows (measured: ``tree_costs``' tree and chain columns), so measured in plain decode steps
+rows (measured: ``tree_costs``' tree and chain columns), so in plain decoding's loop iterations
 
-    C_tree ≥ C_chain(d) + f · (w(R) − w(d + 1)),   C_chain(d) = τ_d / decode speed-up_d,
+    C_tree ≥ C_chain(d) + f · max(0, w(R) − w(d + 1)),   C_chain(d) = τ_d / decode speed-up_d,
 
-f = a bare step ÷ plain decoding's time per token. τ̂ / that is an upper bound on the tree's decode
-speed-up (its extra drafting rows and the tree forms' own overheads are left out: the bound is
-optimistic); for a chain (all b_j = 1) it is τ̂ / C_chain(d), the chain's measured speed-up with its
-τ replaced by τ̂, so trees and chains compare through one model. ``flat`` is the what-if of a
-machine where a window costs as much at any number of rows as at two (a GPU's regime far into
-the tens of rows), for trees and chains alike: τ̂ / (C_chain(d) − f · (w(d + 1) − w(2))).
+f = a bare step ÷ an iteration of plain decoding's loop (they run different code: a one-row
+window against the decode step with its sampling and emit, so f may exceed 1). τ̂ / that is an
+estimated ceiling on the tree's decode speed-up: its extra drafting rows and the tree forms' own
+overheads are left out (optimistic), but τ̂ and the measured C_chain and w carry their own noise,
+so read a ceiling within a few per cent of a chain's as a tie. For a chain (all b_j = 1) it is
+τ̂ / C_chain(d), the chain's measured speed-up with its τ replaced by τ̂, so trees and chains
+compare through one model. ``flat`` is the what-if of a machine where a window costs as much at
+any number of rows as at two (a GPU's regime far into the tens of rows), for trees and chains
+alike: τ̂ / (C_chain(d) − f · max(0, w(d + 1) − w(2))).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
 from collections.abc import Iterable, Sequence
 
-import jax
 import numpy as np
 
 from mtpspec import decoding
-from mtpspec.decoding import program, stages
+from mtpspec.decoding import stages
 from mtpspec.models.tree import MAX_ROWS, TreeShape, check_tree
+from mtpspec.sharding import to_host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,16 +116,12 @@ def tree_tau(p: Sequence[Sequence[float]], branching: Sequence[int]) -> float:
     return tau
 
 
-def _propose(s, params, pparams, c):
-    """The drafts the loop's next step will verify (exactly its proposal: same inputs, same key)."""
-    active = c.stop == stages.RUNNING
-    draws = c.draws.fold(c.step).fold(program.PROPOSE)
-    return s.proposer.propose(
-        s, params, pparams, c.pstate, c.state, c.pending, active, draws
-    ).drafts
-
-
-_propose_jit = jax.jit(_propose, static_argnums=0)
+def child_ranks(tree, node: int) -> list[int]:
+    """The rank (0: the proposer's first choice) of each child on the path root → ``node``: one
+    per depth 1..depth(node). Children of a node are consecutive rows in the proposer's order."""
+    shape = check_tree(tree)
+    rows = shape.path[node, : int(shape.row_depth[node]) + 1]
+    return [int(rows[j + 1] - shape.first_child[rows[j]]) for j in range(len(rows) - 1)]
 
 
 def rank_acceptance(
@@ -138,9 +136,10 @@ def rank_acceptance(
     **prepare_kw,
 ) -> RankAcceptance:
     """Run greedy tree speculation with the measuring ``tree`` over ``prompts`` (one batch), one
-    verify step at a time from Python, and count at each depth which ranked child the accepted
-    path took. Each step's drafts are recomputed by the proposer from the step's own inputs; a
-    step whose emitted tokens are cut short (length or eos) is left out."""
+    verify step at a time from Python (``Prepared.prefill`` / ``step``: the loop's own jitted
+    functions), and count at each depth which ranked child the accepted path took — read off the
+    row each step accepted (``Carry.node``), so every verify step counts, the last one of a
+    sequence too (its emission may be cut short by the length; its verification is not)."""
     shape = check_tree(tree)
     spec = decoding.SpecConfig(
         proposer, shape.depth, commit or decoding.DEFAULT_COMMIT, tree=shape.branching
@@ -150,45 +149,33 @@ def rank_acceptance(
     )
     if not prep.key.sampling.greedy:
         raise ValueError("rank_acceptance measures greedy verification; pass temperature 0")
-    s, (tparams, pparams) = prep.key, prep.args[:2]
-    first_child, b = shape.first_child, shape.branching
-    hits = np.zeros((shape.depth, max(b)), np.int64)
+    hits = np.zeros((shape.depth, max(shape.branching)), np.int64)
     reached = np.zeros(shape.depth, np.int64)
     steps = accepted_total = 0
     c = prep.prefill()
-    while int(c.step) < s.out_size:
-        stop = np.asarray(c.stop)[: prep.n]
-        if not (stop == stages.RUNNING).any():
+    while int(to_host(c.step)) < prep.key.out_size:
+        running = np.flatnonzero(to_host(c.stop)[: prep.n] == stages.RUNNING)
+        if running.size == 0:
             break
-        drafts = np.asarray(_propose_jit(s, tparams, pparams, c))
-        pending, count0 = np.asarray(c.pending), np.asarray(c.count)
-        nxt = prep.step(c)
-        count1, out = np.asarray(nxt.count), np.asarray(nxt.out)
-        acc = np.asarray(nxt.accepts)[int(c.step)]
-        for i in np.flatnonzero(stop == stages.RUNNING):
-            a, emitted = int(acc[i]), out[i, count0[i] : count1[i]]
-            if len(emitted) != a + 1:  # cut short by max_new_tokens or eos
-                continue
-            tokens = np.concatenate([pending[i : i + 1], drafts[i]])
-            node = 0
-            for j in range(min(a + 1, shape.depth)):
+        step = int(to_host(c.step))
+        c = prep.step(c)
+        node, accepts = to_host(c.node), to_host(c.accepts)[step]
+        for i in running:
+            ranks = child_ranks(shape, int(node[i]))
+            if len(ranks) != accepts[i]:
+                raise RuntimeError(
+                    f"step {step}, sequence {i}: node {node[i]} is at depth {len(ranks)} but the "
+                    f"loop counted {accepts[i]} accepted"
+                )
+            for j, r in enumerate(ranks):
                 reached[j] += 1
-                if j == a:  # no child of the path's node at depth j was the target's token
-                    break
-                kids = tokens[first_child[node] : first_child[node] + b[j]]
-                match = np.flatnonzero(kids == emitted[j])
-                if match.size == 0:
-                    raise RuntimeError(
-                        f"step {int(c.step)}, sequence {i}: the loop accepted depth {j + 1} but "
-                        "no recomputed draft there matches its token (drafts not reproducible)"
-                    )
-                hits[j, match[0]] += 1
-                node = first_child[node] + int(match[0])
+                hits[j, r] += 1
+            if len(ranks) < shape.depth:  # the next depth was tried and missed
+                reached[len(ranks)] += 1
             steps += 1
-            accepted_total += a
-        c = nxt
+            accepted_total += len(ranks)
     if steps == 0:
-        raise ValueError("no complete verify step ran: give longer outputs (max_new_tokens)")
+        raise ValueError("no verify step ran: give longer outputs (max_new_tokens)")
     return RankAcceptance(shape.branching, hits, reached, steps, accepted_total)
 
 
@@ -203,15 +190,21 @@ def product_trees(
     if limit is not None and len(limit) < max_depth:
         raise ValueError(f"limit {tuple(limit)} is shorter than max_depth {max_depth}")
     out = []
-    for d in range(1, max_depth + 1):
-        caps = [max_nodes if limit is None else int(limit[j]) for j in range(d)]
-        for b in itertools.product(*(range(1, c + 1) for c in caps)):
-            nodes = sum(math.prod(b[: i + 1]) for i in range(d))
-            if nodes > max_nodes or nodes + 1 > MAX_ROWS:
-                continue
-            if not chains and all(x == 1 for x in b):
-                continue
-            out.append(b)
+
+    def grow(prefix: tuple[int, ...], level: int, nodes: int):  # level: nodes at the last depth
+        if prefix and (chains or any(x > 1 for x in prefix)):
+            out.append(prefix)
+        j = len(prefix)
+        if j == max_depth:
+            return
+        cap = max_nodes if limit is None else int(limit[j])
+        for b in range(1, cap + 1):
+            more = nodes + level * b
+            if more > max_nodes or more + 1 > MAX_ROWS:
+                break  # wider only adds nodes
+            grow((*prefix, b), level * b, more)
+
+    grow((), 1, 0)
     return sorted(out, key=lambda b: (TreeShape(b).nodes, b))
 
 
@@ -222,7 +215,7 @@ def speed_bounds(
     windows: dict[int, float],
     step_ratio: float,
 ) -> list[dict]:
-    """Per tree: predicted τ̂, the upper bound on its decode speed-up on this machine and the
+    """Per tree: predicted τ̂, the estimated ceiling on its decode speed-up here and the
     flat-window what-if (module docstring). ``chains``: k -> (τ, decode speed-up) measured in the
     same run; ``windows``: rows t -> a chain window of t rows ÷ a bare step (``tree_costs``);
     ``step_ratio``: f, a bare step ÷ plain decoding's time per token. Trees deeper than the
@@ -235,13 +228,15 @@ def speed_bounds(
         d, r = shape.depth, shape.rows
         if d not in chains:
             raise ValueError(f"tree {shape.branching}: no chain of depth {d} was measured")
-        if r not in windows or d + 1 not in windows or 2 not in windows:
-            raise ValueError(f"tree {shape.branching}: no chain window of {r} rows was measured")
+        missing = [t for t in sorted({2, d + 1, r}) if t not in windows]
+        if missing:
+            raise ValueError(f"tree {shape.branching}: no chain window of {missing} rows measured")
         tau_d, speed_d = chains[d]
         c_chain = tau_d / speed_d
         tau = acc.tau(shape.branching)
-        cost = c_chain + step_ratio * (windows[r] - windows[d + 1])
-        flat = c_chain - step_ratio * (windows[d + 1] - windows[min(2, d + 1)])
+        # more rows never cost less: a dip in the measured w is noise
+        cost = c_chain + step_ratio * max(0.0, windows[r] - windows[d + 1])
+        flat = c_chain - step_ratio * max(0.0, windows[d + 1] - windows[min(2, d + 1)])
         rows.append(
             dict(
                 tree=shape.branching,
@@ -255,4 +250,11 @@ def speed_bounds(
     return rows
 
 
-__all__ = ["RankAcceptance", "product_trees", "rank_acceptance", "speed_bounds", "tree_tau"]
+__all__ = [
+    "RankAcceptance",
+    "child_ranks",
+    "product_trees",
+    "rank_acceptance",
+    "speed_bounds",
+    "tree_tau",
+]

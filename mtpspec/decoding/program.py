@@ -73,6 +73,7 @@ class Carry(NamedTuple):
     step: jax.Array  # []
     draws: Draws  # per-row keys and sampling settings
     logp: jax.Array  # [b, out_size] f32 log-probability of each emitted token ([b, 0] when off)
+    node: jax.Array  # [b] the last step's accepted tree row (−1: a chain, or no step yet)
 
 
 def _constrain(s: ProgramKey, c: Carry) -> Carry:
@@ -95,6 +96,7 @@ def _constrain(s: ProgramKey, c: Carry) -> Carry:
         accepts=jax.lax.with_sharding_constraint(c.accepts, NamedSharding(s.mesh, P(None, "data"))),
         draws=jax.tree.map(rows, c.draws),
         logp=rows(c.logp),
+        node=rows(c.node),
     )
 
 
@@ -132,6 +134,7 @@ def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draw
         step=jnp.int32(0),
         draws=draws,
         logp=logp,
+        node=jnp.full((b,), -1, jnp.int32),
     )
     return _constrain(s, carry)
 
@@ -181,6 +184,7 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         step=c.step + 1,
         draws=c.draws,
         logp=logp,
+        node=c.node if node is None else jnp.where(active, node, -1),
     )
     return _constrain(s, carry)
 
