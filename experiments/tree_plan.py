@@ -1,7 +1,7 @@
 """Which draft tree pays on this machine: rank acceptance, τ predicted for every tree shape, and a
-bound on any tree's speed-up against the chains measured in the same run (``analysis.tree_plan``).
+ceiling on any tree's speed-up against the chains measured in the same run (``analysis.tree_plan``).
 
-    python -m experiments.tree_plan                      # the shipped model, MTP, ~8 minutes
+    python -m experiments.tree_plan                      # the shipped model, MTP, ~10 minutes
     python -m experiments.tree_plan --max_nodes=16 --json_out=/tmp/plan.json
 
 In this one process:
@@ -43,15 +43,20 @@ flags.DEFINE_integer(
 flags.DEFINE_integer("max_nodes", 16, "Largest tree (draft nodes) considered.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt in the timed sweep.")
 flags.DEFINE_integer("repeats", 3, "Timed round-robin repeats.")
-flags.DEFINE_integer("time_trees", 4, "Trees with the highest bounds to time against the chain.")
+flags.DEFINE_integer("time_trees", 4, "Trees with the highest ceilings to time against the chains.")
 flags.DEFINE_integer(
     "num_prompts", 4, "Held-out demo prompts to use (1..4; see cli.bench_prompts)."
 )
 
 
+def shape_text(branching) -> str:
+    """A tree's branching as the flags write it: 2x1x1."""
+    return "x".join(map(str, branching))
+
+
 def name(key) -> str:
     """A configuration's label: an int k is the chain, a tuple a tree."""
-    return f"chain k={key}" if isinstance(key, int) else "tree " + "x".join(map(str, key))
+    return f"chain k={key}" if isinstance(key, int) else "tree " + shape_text(key)
 
 
 def timed_sweep(config, params, prompts, keys) -> dict:
@@ -93,7 +98,7 @@ def print_verdict(final, best_k, candidates, top, model_chain, chain_model, fini
         said = "the ceiling does not rule trees out"
     print(
         f"\nmodel: best chain k={model_chain['nodes']} at {model_chain['bound']:.2f}x, highest "
-        f"tree ceiling {'x'.join(map(str, top[0]['tree']))} at {top[0]['bound']:.2f}x -> {said}"
+        f"tree ceiling {shape_text(top[0]['tree'])} at {top[0]['bound']:.2f}x -> {said}"
     )
     print(
         f"measured, end to end: {name(best_tree)} {final[best_tree]['speedup']:.2f}x "
@@ -108,7 +113,7 @@ def print_verdict(final, best_k, candidates, top, model_chain, chain_model, fini
     flat_chain = max((r for r in chain_model if math.isfinite(r["flat"])), key=lambda r: r["flat"])
     print(
         "flat-window what-if (a window of any rows costing as much as one of two; a model, not a "
-        f"measurement): best tree {'x'.join(map(str, flat_tree['tree']))} at "
+        f"measurement): best tree {shape_text(flat_tree['tree'])} at "
         f"{flat_tree['flat']:.2f}x, best chain k={flat_chain['nodes']} at {flat_chain['flat']:.2f}x"
     )
     return wins
@@ -172,7 +177,7 @@ def main(argv):
     print(f"{'tree':<14} {'nodes':>5} {'rows':>4} {'tau^':>6} {'bound':>6} {'flat':>6}")
     for r in top[:10]:
         print(
-            f"{'x'.join(map(str, r['tree'])):<14} {r['nodes']:>5} {r['rows']:>4} "
+            f"{shape_text(r['tree']):<14} {r['nodes']:>5} {r['rows']:>4} "
             f"{r['tau_hat']:>6.2f} {r['bound']:>6.2f} {r['flat']:>6.2f}"
         )
     model_chain = max(
@@ -200,7 +205,7 @@ def main(argv):
         "rank_tree": list(acc.branching), "hits": acc.hits.tolist(),
         "reached": acc.reached.tolist(), "rank_steps": acc.steps, "rank_tau": acc.measured_tau,
         "step_ratio": step_ratio, "chain_windows": {str(t): v for t, v in costs["chain"].items()},
-        "tree_windows": {"x".join(map(str, t)): v for t, v in tree_windows.items()},
+        "tree_windows": {shape_text(t): v for t, v in tree_windows.items()},
         "chains": label(chains_run), "final": label(final),
         "bounds": [{**r, "tree": list(r["tree"])} for r in bounds],
         "chain_model": [{**r, "tree": list(r["tree"])} for r in chain_model],

@@ -19,7 +19,7 @@ model"):
   plots.py    plot_sweep
   trees.py    tree_costs (tree window ÷ step beside chains), plot_nodes (τ, speed-up vs nodes)
   tree_plan.py  rank_acceptance (p_j(r) measured in the loop), tree_tau (τ of any tree shape),
-              product_trees, speed_bounds (the most a tree's speed-up can be here)
+              product_trees, speed_bounds (an estimated ceiling on a tree's speed-up here)
 """
 
 from mtpspec.analysis.hlo import loop_copies

@@ -153,11 +153,10 @@ def rank_acceptance(
     reached = np.zeros(shape.depth, np.int64)
     steps = accepted_total = 0
     c = prep.prefill()
-    while int(to_host(c.step)) < prep.key.out_size:
+    for step in range(prep.key.out_size):  # the carry's own step counter, kept on the host
         running = np.flatnonzero(to_host(c.stop)[: prep.n] == stages.RUNNING)
         if running.size == 0:
             break
-        step = int(to_host(c.step))
         c = prep.step(c)
         node, accepts = to_host(c.node), to_host(c.accepts)[step]
         for i in running:
