@@ -16,6 +16,22 @@ import numpy as np
 LINEAR = "linear_attention"
 FULL = "full_attention"
 FAMILIES = ("qwen3_next", "qwen3_5")
+DTYPES = ("float32", "bfloat16")  # parameter storage dtypes
+
+
+def check_dtype(dtype) -> str:
+    """The name in ``DTYPES`` of ``dtype`` (a name, or a NumPy / JAX dtype or scalar type);
+    ValueError naming anything else (``"int8"``, ``"float16"``, ``"fp32"``)."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            name = None
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +147,7 @@ class ModelConfig:
             self.mtp_num_layers in (0, 1),
             f"mtp_num_layers must be 0 or 1, got {self.mtp_num_layers}",
         )
-        need(
-            self.dtype in ("float32", "bfloat16"),
-            f"dtype must be float32 or bfloat16, got {self.dtype!r}",
-        )
+        need(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
 
 def tiny_hybrid(**overrides) -> ModelConfig:

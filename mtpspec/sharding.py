@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from mtpspec import compiled
 from mtpspec.config import FULL, ModelConfig
 from mtpspec.models.params import check_param_tree, param_shapes
 from mtpspec.models.state import AttentionCache, DecodeState, GDNCache, init_decode_state
@@ -253,6 +254,9 @@ def place(x, sharding: NamedSharding):
 @functools.lru_cache(maxsize=256)
 def _resharder(sharding: NamedSharding):
     return jax.jit(lambda a: a, out_shardings=sharding)
+
+
+compiled.register(_resharder)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:

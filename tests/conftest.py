@@ -73,6 +73,7 @@ def _release_compiled_programs_after_each_module(request):
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {maps[0]} {maps[1]} {request.module.__name__}\n")
     program.release_compiled()
+    jax.clear_caches()  # the tests' own jitted functions too (the suite's process is its own)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -17,16 +17,22 @@ __all__ = [
 
 
 def load(path, *, mesh=None, dtype: str | None = "float32", allow_missing_mtp: bool = False):
-    """An mtpspec checkpoint (``save_params``: config.json + params/, as saved) or an HF directory
-    (config.json + safetensors; ``dtype`` "float32" | "bfloat16", or None for the checkpoint's
-    own; ``allow_missing_mtp``: an HF config that declares MTP layers whose ``mtp.*`` tensors are
-    absent loads without them, as ``load_hf``). Returns (config, params); with ``mesh`` the params
-    are placed shard by shard by the ``mtpspec.sharding`` rules."""
+    """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
+    (config.json + safetensors). ``dtype``: "float32" | "bfloat16" (``config.DTYPES``; a NumPy /
+    JAX dtype naming one is accepted) casts every floating-point weight on load, for either
+    kind; None keeps the checkpoint's own; anything else is a ValueError naming it, before any
+    read. ``allow_missing_mtp``: an HF config that declares MTP layers whose ``mtp.*`` tensors
+    are absent loads without them, as ``load_hf``. Returns (config, params), ``config.dtype``
+    the params' dtype; with ``mesh`` the params are placed shard by shard by the
+    ``mtpspec.sharding`` rules."""
     import pathlib
 
+    from mtpspec.config import check_dtype
+
+    dtype = None if dtype is None else check_dtype(dtype)
     path = pathlib.Path(path)
     if (path / "params").is_dir():
-        return restore_params(path, mesh=mesh)
+        return restore_params(path, mesh=mesh, dtype=dtype)
     return load_hf(path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, mesh=mesh)
 
 

@@ -39,12 +39,11 @@ from safetensors import safe_open
 
 from mtpspec import sharding
 from mtpspec.checkpoints.hf_config import from_hf_config
-from mtpspec.config import FULL, ModelConfig
+from mtpspec.config import FULL, ModelConfig, check_dtype
 from mtpspec.models.params import check_param_tree
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -413,10 +412,7 @@ def load_hf(
         raise OSError(f"no config.json in {path}")
     config = from_hf_config(path)
     if dtype is not None:
-        name = jnp.dtype(dtype).name
-        if name not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-        config = dataclasses.replace(config, dtype=name)
+        config = dataclasses.replace(config, dtype=check_dtype(dtype))
 
     where = _index_tensors(path)
     names = set(where)

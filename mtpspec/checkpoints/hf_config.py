@@ -18,11 +18,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mtpspec.config import FAMILIES, FULL, LINEAR, ModelConfig
+from mtpspec.config import FAMILIES, FULL, LINEAR, ModelConfig, check_dtype
 
 # HF's class default for both families; vLLM takes its default max_model_len from it.
 DEFAULT_MAX_POSITION_EMBEDDINGS = 32768
-_DTYPES = ("float32", "bfloat16")
 _MTP_KEY = {"qwen3_5": "mtp_num_hidden_layers", "qwen3_next": "num_nextn_predict_layers"}
 SUPPORTED_MODEL_TYPES = (
     "qwen3_next",
@@ -243,9 +242,7 @@ def _check_export_args(config, family, dtype, max_position_embeddings) -> tuple[
     family = config.family if family is None else family
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    dtype = config.dtype if dtype is None else dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    dtype = check_dtype(config.dtype if dtype is None else dtype)
     if (
         isinstance(max_position_embeddings, bool)
         or not isinstance(max_position_embeddings, int)

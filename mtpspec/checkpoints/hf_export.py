@@ -43,13 +43,12 @@ import numpy as np
 
 from mtpspec.checkpoints.hf import INDEX_FILE, SINGLE_FILE, model_specs
 from mtpspec.checkpoints.hf_config import DEFAULT_MAX_POSITION_EMBEDDINGS, hf_config_dict
-from mtpspec.config import ModelConfig, token_id_list
+from mtpspec.config import ModelConfig, check_dtype, token_id_list
 from mtpspec.models.params import check_param_tree
 from mtpspec.tokenizers import ByteTokenizer, HFTokenizer, byte_tokenizer_json
 
 # HF's save_pretrained default in transformers 4.x (the released Qwen repos use ~4-5 GB shards).
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
-_DTYPES = ("float32", "bfloat16")
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 GENERATION_CONFIG = "generation_config.json"
@@ -69,9 +68,7 @@ def hf_tensors(config: ModelConfig, params: dict, *, dtype: str | None = None) -
     """HF tensor name -> numpy array (``dtype``, default the config's), in ``config.family``'s
     layout; the inverse of ``load_hf``'s mapping. Pure. ``params`` must match
     ``param_shapes(config)`` exactly (ValueError naming the leaf otherwise)."""
-    dtype = config.dtype if dtype is None else dtype
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+    dtype = check_dtype(config.dtype if dtype is None else dtype)
     check_param_tree(config, params)
     out_dtype = np.dtype(jax.numpy.dtype(dtype))
     out: dict[str, np.ndarray] = {}

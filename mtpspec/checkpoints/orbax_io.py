@@ -11,20 +11,49 @@ device, and checks it against ``param_shapes(config)``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 
 import jax
-import orbax.checkpoint as ocp
+import jax.numpy as jnp
 
 from mtpspec import sharding as mtp_sharding
-from mtpspec.config import ModelConfig
+from mtpspec.config import ModelConfig, check_dtype
 from mtpspec.models.params import check_param_tree
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+
+
+@contextlib.contextmanager
+def keep_root_logging():
+    """Leave the root logger's handlers as they were. orbax logs through absl, and absl calls
+    ``logging.basicConfig()`` when the root logger has no handler — which would configure the
+    user's logging for them (and make their own ``basicConfig`` a no-op); a handler added so
+    inside the block is removed again."""
+    before = list(logging.root.handlers)
+    try:
+        yield
+    finally:
+        if not before:
+            for h in list(logging.root.handlers):
+                fmt = getattr(h.formatter, "_fmt", None)
+                if isinstance(h, logging.StreamHandler) and fmt == logging.BASIC_FORMAT:
+                    logging.root.removeHandler(h)
+
+
+@contextlib.contextmanager
+def _checkpointer():
+    """An orbax StandardCheckpointer (orbax imported on first use), under ``keep_root_logging``."""
+    with keep_root_logging():
+        import orbax.checkpoint as ocp
+
+        with ocp.StandardCheckpointer() as ckptr:
+            yield ckptr
 
 
 def _config_from_dict(d) -> ModelConfig:
@@ -78,7 +107,7 @@ def save_params(
             json.dump(dataclasses.asdict(config), f, indent=2)
     _sync(f"mtpspec save_params {path} start")
     try:
-        with ocp.StandardCheckpointer() as ckptr:
+        with _checkpointer() as ckptr:
             ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
     except BaseException:
         if lead:
@@ -100,10 +129,15 @@ def _sync(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, dict]:
+def restore_params(
+    path: str | os.PathLike, *, mesh=None, dtype: str | None = None
+) -> tuple[ModelConfig, dict]:
     """Read back what ``save_params`` wrote: (config, params). With ``mesh`` (a (data, model)
     Mesh), every leaf is restored straight into its ``mtpspec.sharding`` layout (orbax reads
-    each device's shard; nothing is gathered on one device)."""
+    each device's shard; nothing is gathered on one device). ``dtype`` (one of
+    ``config.DTYPES``; None: as saved) casts every floating-point leaf as it is read, and the
+    returned config carries it; anything else is a ValueError before any read."""
+    dtype = None if dtype is None else check_dtype(dtype)
     path = os.path.abspath(os.fspath(path))
     cfg_file = os.path.join(path, CONFIG_FILE)
     params_dir = os.path.join(path, PARAMS_DIR)
@@ -116,7 +150,9 @@ def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, 
             config = _config_from_dict(json.load(f))
         except json.JSONDecodeError as e:
             raise ValueError(f"saved config {cfg_file} is not valid JSON: {e}") from e
-    with ocp.StandardCheckpointer() as ckptr:
+    if dtype is not None:
+        config = dataclasses.replace(config, dtype=dtype)
+    with _checkpointer() as ckptr:
         meta = _metadata_tree(ckptr, params_dir)
         if mesh is None:
             one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -125,11 +161,12 @@ def restore_params(path: str | os.PathLike, *, mesh=None) -> tuple[ModelConfig, 
             shardings = mtp_sharding.param_shardings(config, mesh)
             if jax.tree.structure(shardings) != jax.tree.structure(meta):
                 raise ValueError(f"saved params at {params_dir} do not match the saved config")
-        target = jax.tree.map(
-            lambda m, sh: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sh),
-            meta,
-            shardings,
-        )
+
+        def leaf(m, sh):
+            cast = dtype is not None and jnp.issubdtype(m.dtype, jnp.floating)
+            return jax.ShapeDtypeStruct(tuple(m.shape), dtype if cast else m.dtype, sharding=sh)
+
+        target = jax.tree.map(leaf, meta, shardings)
         try:
             params = ckptr.restore(params_dir, target)
         except (ValueError, TypeError):

@@ -19,6 +19,7 @@ from mtpspec.decoding.program import CACHE, Carry, ProgramKey
 from mtpspec.decoding.spec import SpecConfig
 from mtpspec.decoding.stages import RUNNING, STOP_NAMES
 from mtpspec.decoding.stats import result_stats
+from mtpspec.models import inference
 
 
 class GenerateResult(NamedTuple):
@@ -216,12 +217,17 @@ def compile_count() -> int:
     return CACHE.compiles
 
 
-def release_compiled() -> None:
-    """Free every compiled generate program and JAX's compilation caches (their memory and the
-    memory mappings XLA's CPU compiler holds per program); the next call compiles again. Also
-    done automatically before a compile when the process nears the kernel's limit on mappings
+def release_compiled(*, weights: bool = False) -> None:
+    """Free mtpspec's compiled programs (their memory and the memory mappings XLA's CPU compiler
+    holds per program); the next call compiles again. The user's own jitted functions are not
+    touched (``jax.clear_caches()`` is never called). With ``weights``, also drop the decoding
+    trees made from parameter sets (``models.inference.MEMO``: fused, packed copies of the
+    weights); the next call builds its tree again. Programs alone are also released
+    automatically before a compile when the process nears the kernel's limit on memory mappings
     (``program.relieve_map_pressure``)."""
     program.release_compiled()
+    if weights:
+        inference.MEMO.clear()
 
 
 def set_compile_cache_size(maxsize: int) -> None:

@@ -18,8 +18,8 @@ param tree's structure, the shape and dtype of every argument).
 from __future__ import annotations
 
 import collections
-import gc
 import logging
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mtpspec import sharding
+from mtpspec import compiled, sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import stages, tree
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
@@ -200,9 +200,9 @@ def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws):
     return carry.out, carry.count, carry.stop, carry.accepts, carry.step, carry.logp
 
 
-run_jit = jax.jit(run, static_argnums=0)
-prefill_jit = jax.jit(prefill, static_argnums=0)
-step_jit = jax.jit(step, static_argnums=0)
+run_jit = compiled.jit(run, static_argnums=0)
+prefill_jit = compiled.jit(prefill, static_argnums=0)
+step_jit = compiled.jit(step, static_argnums=0)
 
 
 log = logging.getLogger(__name__)
@@ -247,24 +247,24 @@ def live_mappings() -> tuple[int, int] | None:
 
 
 def release_compiled() -> None:
-    """Drop every compiled decoding program (``CACHE``) and JAX's own compilation caches, then
-    collect: their executables' code and data are unmapped. Later calls compile again."""
-    CACHE.clear()
-    jax.clear_caches()
-    gc.collect()
+    """Drop every compiled program of mtpspec's (``CACHE`` and the jitted functions registered
+    in ``mtpspec.compiled``), then collect: their executables' code and data are unmapped.
+    Later calls compile again. The user's own jitted functions keep theirs."""
+    compiled.release()
 
 
 def relieve_map_pressure() -> bool:
     """Before a compile: when this process holds more than ``MAP_HEADROOM`` of the kernel's limit
     on memory mappings, ``release_compiled`` (logging a warning) so the compile cannot fail for
-    want of one. Returns whether it released."""
+    want of one; only mtpspec's own programs are released (the rest of the process's are not
+    mtpspec's to drop). Returns whether it released."""
     maps = live_mappings()
     if maps is None or maps[0] <= MAP_HEADROOM * maps[1]:
         return False
     log.warning(
         "this process holds %d memory mappings, %.0f%% of the kernel's limit "
         "(vm.max_map_count = %d); XLA's CPU compiler maps every compiled program's kernels "
-        "separately, so all compiled programs are released before compiling another",
+        "separately, so mtpspec's compiled programs are released before compiling another",
         maps[0],
         100 * maps[0] / maps[1],
         maps[1],
@@ -279,12 +279,14 @@ class ProgramCache:
     Key: (ProgramKey, the param tree's structure, (shape, dtype) of every argument leaf). The
     ProgramKey holds the bucketed prompt length and max_new_tokens (through ``out_size`` and the
     prompt array's shape), so nearby requests share an entry. ``compiles`` counts every compile
-    in this process (evictions do not lower it)."""
+    in this process (evictions do not lower it). Safe under threads: one lock serialises lookups
+    and compiles, so two threads that need the same program compile it once."""
 
     def __init__(self, maxsize: int = 32):
         self.maxsize = maxsize
         self.compiles = 0
         self._entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.RLock()
 
     @staticmethod
     def signature(s: ProgramKey, args) -> tuple:
@@ -297,29 +299,32 @@ class ProgramCache:
     def get(self, s: ProgramKey, args):
         """(compiled program, compiled now?) for these static settings and arguments."""
         sig = self.signature(s, args)
-        if sig in self._entries:
-            self._entries.move_to_end(sig)
-            return self._entries[sig], False
-        relieve_map_pressure()
-        compiled = run_jit.lower(s, *args).compile(compiler_options=compiler_options())
-        self.compiles += 1
-        self._entries[sig] = compiled
-        while len(self._entries) > self.maxsize:
-            self._entries.popitem(last=False)
-        return compiled, True
+        with self._lock:
+            if sig in self._entries:
+                self._entries.move_to_end(sig)
+                return self._entries[sig], False
+            relieve_map_pressure()
+            program = run_jit.lower(s, *args).compile(compiler_options=compiler_options())
+            self.compiles += 1
+            self._entries[sig] = program
+            while len(self._entries) > self.maxsize:
+                self._entries.popitem(last=False)
+            return program, True
 
     def resize(self, maxsize: int) -> None:
         if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
             raise ValueError(f"the compile cache size must be an int >= 1, got {maxsize!r}")
-        self.maxsize = maxsize
-        while len(self._entries) > maxsize:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self.maxsize = maxsize
+            while len(self._entries) > maxsize:
+                self._entries.popitem(last=False)
 
     def clear(self) -> None:
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
-CACHE = ProgramCache()
+CACHE = compiled.register(ProgramCache())

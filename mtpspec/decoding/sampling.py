@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mtpspec import compiled
+
 
 def _is_real(x) -> bool:  # Python and NumPy numbers, not bools
     return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
@@ -93,7 +95,7 @@ def seed_key(seed: int) -> jax.Array:
     return key
 
 
-_keys_of = jax.jit(jax.vmap(jax.random.key))
+_keys_of = compiled.jit(jax.vmap(jax.random.key))
 
 
 def seed_keys(seeds: list[int]) -> jax.Array:

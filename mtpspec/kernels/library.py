@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import pathlib
+import threading
 
 _HERE = pathlib.Path(__file__).parent
 PATTERN = "_cpu_kernels*.so"
@@ -63,8 +64,13 @@ class Target:
     def __init__(self, name: str, symbol: str, needed_by: str):
         self.name, self.symbol, self.needed_by = name, symbol, needed_by
         self._status: tuple[bool, str] | None = None
+        self._lock = threading.Lock()  # two threads must not register the target twice
 
     def status(self) -> tuple[bool, str]:
+        with self._lock:
+            return self._status_locked()
+
+    def _status_locked(self) -> tuple[bool, str]:
         if self._status is None:
             ok, why = status()
             if ok:

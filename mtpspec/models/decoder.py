@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mtpspec import compiled
 from mtpspec.config import FULL, ModelConfig
 from mtpspec.models import layers
 from mtpspec.models.inference import Linear
@@ -82,7 +83,7 @@ def forward_impl(config: ModelConfig, params: dict, tokens, gdn_method: str = "a
     return lm_logits(config, params, hidden), hidden
 
 
-_forward = jax.jit(forward_impl, static_argnames=("config", "gdn_method"))
+_forward = compiled.jit(forward_impl, static_argnames=("config", "gdn_method"))
 
 
 def forward(config: ModelConfig, params: dict, tokens, *, gdn_method: str = "auto"):
@@ -108,7 +109,9 @@ def window_step_impl(config, params, state, tokens, valid, gdn_method, gdn_state
     return StepOutput(lm_logits(config, params, hidden), hidden, new_state, commits)
 
 
-_window_step = jax.jit(window_step_impl, static_argnames=("config", "gdn_method", "gdn_states"))
+_window_step = compiled.jit(
+    window_step_impl, static_argnames=("config", "gdn_method", "gdn_states")
+)
 
 
 def window_step(
@@ -183,7 +186,7 @@ def mtp_forward_impl(config: ModelConfig, params: dict, hidden, next_tokens, sta
     return lm_logits(config, params, y), y
 
 
-_mtp_forward = jax.jit(mtp_forward_impl, static_argnames=("config",))
+_mtp_forward = compiled.jit(mtp_forward_impl, static_argnames=("config",))
 
 
 def mtp_chain_impl(config: ModelConfig, params: dict, hidden, tokens, depth: int) -> list:
@@ -251,7 +254,7 @@ def mtp_window_step_impl(config, params, state: DecodeState, hidden, next_tokens
     return lm_logits(config, params, y), y, state
 
 
-mtp_window_step = jax.jit(mtp_window_step_impl, static_argnames=("config",))
+mtp_window_step = compiled.jit(mtp_window_step_impl, static_argnames=("config",))
 
 
 __all__ = [

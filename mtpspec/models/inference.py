@@ -22,16 +22,18 @@ for decode windows, "xla" XLA's form (``resolve_attention``, ``mark_attention``)
 from __future__ import annotations
 
 import collections
+import logging
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
-from absl import logging
 from jax.lax import Precision
 
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention, cpu_linear
 
+log = logging.getLogger(__name__)
 HIGHEST = Precision.HIGHEST
 LINEAR_IMPLS = ("auto", "xla", "ffi")
 # rows (batch × window) up to which the C++ kernel is used, XLA's dot on the unpacked weight
@@ -145,7 +147,7 @@ def _resolve(what: str, impl: str, kernel, sharded: bool, platform: str | None) 
         choice, reason = "ffi", f"cpu, C++ kernel {why}"
     if (what, choice, reason) not in _logged:
         _logged.add((what, choice, reason))
-        logging.info("%s='auto' -> %r (%s)", what, choice, reason)
+        log.info("%s='auto' -> %r (%s)", what, choice, reason)
     return choice
 
 
@@ -159,7 +161,7 @@ def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = N
         isa = cpu_linear.isa_name()  # raises for an unknown or unsupported cpu_linear.ISA
         if ("linear isa", cpu_linear.ISA, isa) not in _logged:
             _logged.add(("linear isa", cpu_linear.ISA, isa))
-            logging.info("CPU linear kernel: isa %r -> %r", cpu_linear.ISA, isa)
+            log.info("CPU linear kernel: isa %r -> %r", cpu_linear.ISA, isa)
     return choice
 
 
@@ -277,11 +279,13 @@ def check_finite(params) -> None:
 class _Memo:
     """The last few results computed from a parameter tree, keyed by a tag and the identity of
     every leaf (jax arrays are immutable, and the leaves are held so their ids stay unique);
-    trees with mutable (numpy) leaves are computed afresh on every call."""
+    trees with mutable (numpy) leaves are computed afresh on every call. Safe under threads (one
+    lock: two threads asking for the same tree compute it once)."""
 
     def __init__(self, size: int = 4):
         self.size = size
         self.entries: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.RLock()
 
     def cached(self, tag, params, compute):
         """``compute()``, or its result for the same tag and leaves among the last ``size``."""
@@ -289,15 +293,20 @@ class _Memo:
         if not all(isinstance(x, jax.Array) for x in leaves):
             return compute()
         key = (tag, tuple(id(x) for x in leaves))
-        hit = self.entries.get(key)
-        if hit is not None:
-            self.entries.move_to_end(key)
-            return hit[1]
-        result = compute()
-        self.entries[key] = (leaves, result)
-        while len(self.entries) > self.size:
-            self.entries.popitem(last=False)
-        return result
+        with self._lock:
+            hit = self.entries.get(key)
+            if hit is not None:
+                self.entries.move_to_end(key)
+                return hit[1]
+            result = compute()
+            self.entries[key] = (leaves, result)
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
+            return result
+
+    def clear(self) -> None:
+        with self._lock:
+            self.entries.clear()
 
     def get(self, config: ModelConfig, params, impl: str, attention: str = "xla"):
         """The inference tree of ``params`` (``inference_params``), memoised by linear

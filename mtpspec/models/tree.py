@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec import ops
+from mtpspec import compiled, ops
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention
 from mtpspec.models import layers
@@ -240,4 +240,4 @@ def window_step_tree_impl(
     return StepOutput(lm_logits(config, params, hidden), hidden, new_state, tuple(commits))
 
 
-window_step_tree = jax.jit(window_step_tree_impl, static_argnames=("config", "tree", "native"))
+window_step_tree = compiled.jit(window_step_tree_impl, static_argnames=("config", "tree", "native"))

@@ -28,6 +28,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from mtpspec import compiled
 from mtpspec.kernels import cpu_gdn
 from mtpspec.ops.gdn.assoc import assoc
 from mtpspec.ops.gdn.chunk import chunked
@@ -224,7 +225,7 @@ def _pallas_reason(q, k, v, chunk_size, platform):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("method", "scale", "return_states", "chunk_size", "platform")
+    compiled.jit, static_argnames=("method", "scale", "return_states", "chunk_size", "platform")
 )
 def _run(q, k, v, g, beta, initial_state, *, method, scale, return_states, chunk_size, platform):
     hv = v.shape[2]
