@@ -17,13 +17,12 @@
 
 #include <immintrin.h>
 
-#include <atomic>
 #include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include "isa.h"
+#include "parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -229,30 +228,6 @@ void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float*
   }
 }
 
-// One call's work, shared with a helper task on XLA's intra-op pool: both claim chunks of tiles
-// from `next` until none are left; the caller then waits for `done` chunks to reach `chunks`.
-// Held by shared_ptr because the helper may start only after the caller has returned (when the
-// caller claimed everything itself), and then finds nothing to do.
-struct Work {
-  const Isa* isa;
-  const float* x;
-  const float* w;
-  float* y;
-  int64_t rows, k, n, tiles, chunks, pf;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-
-  // Chunk c's first tile: chunks start on even tiles, so AVX-512's pairs stay whole.
-  int64_t Bound(int64_t c) const { return std::min(tiles, 2 * (c * ((tiles + 1) / 2) / chunks)); }
-
-  void Run() {
-    for (int64_t c = next.fetch_add(1); c < chunks; c = next.fetch_add(1)) {
-      Tiles(*isa, x, rows, k, w, n, y, Bound(c), Bound(c + 1), pf);
-      done.fetch_add(1, std::memory_order_release);
-    }
-  }
-};
-
 // Below this many multiply-adds a call runs on the caller alone (a hand-off costs ~1 us).
 constexpr int64_t kMinShared = 32 * 1024;
 
@@ -275,25 +250,14 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_linear: ") + bad);
   }
   const Isa& set = kIsas[isa];
-  const int64_t helpers = threads > 1 ? std::min<int64_t>(threads, pool.num_threads()) - 1 : 0;
-  if (helpers <= 0 || tiles < 2 || rows * k * n < kMinShared) {
-    Tiles(set, x.typed_data(), rows, k, w.typed_data(), n, y->typed_data(), 0, tiles, pf);
-    return ffi::Error::Success();
-  }
-  auto work = std::make_shared<Work>();
-  work->isa = &set;
-  work->x = x.typed_data();
-  work->w = w.typed_data();
-  work->y = y->typed_data();
-  work->rows = rows;
-  work->k = k;
-  work->n = n;
-  work->tiles = tiles;
-  work->pf = pf;
-  work->chunks = std::min<int64_t>(tiles, 4 * (helpers + 1));
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([work] { work->Run(); });
-  work->Run();
-  while (work->done.load(std::memory_order_acquire) < work->chunks) _mm_pause();
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* yp = y->typed_data();
+  // Units are pairs of tiles, so AVX-512's pairs stay whole in every chunk; 4 chunks a thread.
+  mtpspec::ParallelFor(pool, threads, (tiles + 1) / 2, tiles >= 2 && rows * k * n >= kMinShared,
+                       4, [&](int64_t u0, int64_t u1) {
+                         Tiles(set, xp, rows, k, wp, n, yp, 2 * u0, std::min(tiles, 2 * u1), pf);
+                       });
   return ffi::Error::Success();
 }
 
