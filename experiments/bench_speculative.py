@@ -12,6 +12,12 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     verify, draft cost; the ideal speedup τ·t_step/(t_verify+t_draft) and efficiency = measured ÷
     ideal (docs/design.md, "Performance model");
   * ``recompiles``: XLA compilations during the timed part (must be 0);
+  * the spread: each configuration's per-round speed-up (against the plain run of the same round)
+    as an interquartile range, and the share of the CPU other processes took meanwhile;
+  * self-checks (``analysis.self_checks``): a chain's efficiency outside [0.8, 1.1], a decode
+    speed-up above τ ÷ r(k+1), the plain loop more than 10 % slower per token than its own step
+    piece, or a recompile mark the run INVALID instead of printing a best configuration
+    (``--json_out``: ``valid``, ``invalid``);
   * the linear implementations side by side (``decoding.prepare(linear=...)``): plain greedy
     on XLA's own path (attention too) as a point of the same sweep; the verify window ÷ step
     r(t) for t = 2..``--max_window`` and the per-piece decomposition (attention, GDN, MLP, LM
@@ -24,8 +30,8 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     prompt-lookup assisted generation against mtpspec greedy and n-gram speculation.
 
 ``--json_out`` has top-level ``speedup`` (best configuration), ``tau``, ``verify_over_step``,
-``efficiency`` (of that configuration), ``recompiles``, plus ``best``, ``sweep``, ``pieces``,
-``alpha``, ``memory``, ``linears``, ``copies`` and ``peer``.
+``efficiency`` (of that configuration), ``recompiles``, ``valid``, ``invalid``, ``other_cpu``,
+plus ``best``, ``sweep``, ``pieces``, ``alpha``, ``memory``, ``linears``, ``copies`` and ``peer``.
 """
 
 from __future__ import annotations
@@ -250,15 +256,16 @@ def print_rows(rows, timed, repeats):
         "part removed;\nefficiency = decode speedup ÷ ideal (the ideal has no prefill in it)"
     )
     print(
-        f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'decode':>6} "
-        f"{'tau':>5} {'ideal':>6} {'effic':>6} {'v/step':>6} {'c/v':>5}  same  "
+        f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'IQR':>11} "
+        f"{'decode':>6} {'tau':>5} {'ideal':>6} {'effic':>6} {'v/step':>6} {'c/v':>5}  same  "
         "per-position acceptance"
     )
     for r in rows:
         acc = " ".join(f"{x:.2f}" for x in r["position_acceptance"])
         print(
             f"{r['proposer']:<8} {r['num_draft']:>2} {r['commit']:<7} "
-            f"{r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f} {r['decode_speedup']:>6.2f} "
+            f"{r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f} "
+            f"{r['speedup_iqr'][0]:>5.2f}-{r['speedup_iqr'][1]:<5.2f} {r['decode_speedup']:>6.2f} "
             f"{r['tau']:>5.2f} {r['ideal']:>6.2f} {r['efficiency']:>6.2f} "
             f"{r['verify_over_step']:>6.2f} {r['commit_over_verify']:>5.2f}  "
             f"{str(r['same_as_greedy']):<5} {acc}"
@@ -390,6 +397,27 @@ def print_peer(peer):
     )
 
 
+def print_verdict(rows, best, plain_decode, t_step, recompiles, other_cpu) -> list[str]:
+    """The best configuration, or why this run is invalid (``analysis.self_checks``)."""
+    invalid = analysis.self_checks(rows, plain_decode, t_step)
+    if recompiles:
+        invalid.append(f"{recompiles} recompiles during the timed part")
+    print(f"\nother processes and steal during the measurement: {other_cpu:.0%} of the CPU")
+    summary = (
+        f"{best['proposer']} k={best['num_draft']} {best['commit']}: speedup "
+        f"{best['speedup']:.2f} (IQR {best['speedup_iqr'][0]:.2f}-{best['speedup_iqr'][1]:.2f}), "
+        f"tau {best['tau']:.2f}, verify_over_step {best['verify_over_step']:.2f}, efficiency "
+        f"{best['efficiency']:.2f}; recompiles during the timed part: {recompiles}"
+    )
+    if invalid:
+        print("INVALID RUN (self-checks failed; the figures above are not a result):")
+        print("".join(f"  - {why}\n" for why in invalid), end="")
+        print(f"fastest configuration, not a result: {summary}")
+    else:
+        print(f"best: {summary}")
+    return invalid
+
+
 def main(argv):
     del argv
     config, params, draft, proposers, ks, commits, run = settings()
@@ -400,7 +428,8 @@ def main(argv):
         f"{len(prompts)} prompts × {run['max_new']} tokens, batch 1, {run['repeats']} "
         "round-robin repeats"
     )
-    pieces, timed = measure(config, params, draft, prompts, proposers, ks, commits, run)
+    with analysis.MachineLoad() as load:
+        pieces, timed = measure(config, params, draft, prompts, proposers, ks, commits, run)
     shapes = trees(proposers)
     costs = analysis.tree_costs(config, params, prompts[0], shapes) if shapes else None
     rows = analysis.summarize(timed, pieces, costs and costs["tree"])
@@ -419,12 +448,7 @@ def main(argv):
     plain_linears = print_plain_linears(timed)
     linears = linear_report(config, params, prompts[0], ks, run)
     copies = copies_report(config, params, prompts[0], ks, proposers, run)
-    print(
-        f"\nbest: {best['proposer']} k={best['num_draft']} {best['commit']}: speedup "
-        f"{best['speedup']:.2f}, tau {best['tau']:.2f}, verify_over_step "
-        f"{best['verify_over_step']:.2f}, efficiency {best['efficiency']:.2f}; recompiles "
-        f"during the timed part: {timed.recompiles}"
-    )
+    invalid = print_verdict(rows, best, plain_decode, t_step, timed.recompiles, load.other)
     if not all(r["same_as_greedy"] for r in rows):
         raise RuntimeError("a speculative configuration emitted tokens that differ from greedy")
     peer = None
@@ -448,7 +472,8 @@ def main(argv):
     cli.write_json({
         "speedup": best["speedup"], "tau": best["tau"],
         "verify_over_step": best["verify_over_step"], "efficiency": best["efficiency"],
-        "recompiles": timed.recompiles, "best": best, "plain_tokens_per_s": plain_tps,
+        "recompiles": timed.recompiles, "valid": not invalid, "invalid": invalid,
+        "other_cpu": load.other, "best": best, "plain_tokens_per_s": plain_tps,
         "plain_decode_tokens_per_s": plain_decode, "definitions": DEFINITIONS, "t_step_s": t_step,
         "sweep": rows, "pieces": {str(k): v for k, v in pieces.items()}, "alpha": alpha,
         "memory": memory, "plain_linears": plain_linears, "linears": linears, "copies": copies,

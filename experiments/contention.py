@@ -8,16 +8,13 @@ niceness, started before its rounds and killed after): each round times ``--max_
 plain greedy on the first demo prompt at batch 1 once with ``linear=attention=ffi`` and once with
 ``xla``, in turn. Printed per competitor: the median and interquartile range of ms per token for
 each path, the kernels' speed-up over XLA (median of the per-round ratios), and the share of CPU
-time the machine spent outside this process during those rounds (other processes and steal, from
-``/proc/stat`` minus this process's own ``/proc/self/stat``), so a noisy run shows as one.
-Times are whole ``generate`` calls (prefill of a short prompt included) divided by the new tokens;
-the CPU share is read from tick counters, so it is good to a few percent (it can read slightly
-below 0 on a quiet machine).
+time the machine spent outside this process during those rounds (``analysis.MachineLoad``: other
+processes and steal), so a noisy run shows as one. Times are whole ``generate`` calls (prefill of
+a short prompt included) divided by the new tokens.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +23,7 @@ import time
 from absl import app, flags
 
 from experiments import cli
-from mtpspec import checkpoints, decoding
+from mtpspec import analysis, checkpoints, decoding
 
 FLAGS = flags.FLAGS
 cli.define_checkpoint()
@@ -35,16 +32,6 @@ flags.DEFINE_integer("rounds", 6, "Interleaved rounds per competitor.")
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens per timed call.")
 
 PATHS = {"ffi": dict(linear="ffi", attention="ffi"), "xla": dict(linear="xla", attention="xla")}
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy ticks of the whole machine incl. steal, this process's user+system ticks)."""
-    with open("/proc/stat") as f:
-        cpu = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return busy, int(fields[11]) + int(fields[12])
 
 
 def quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -69,23 +56,19 @@ def measure(config, params, prompt, competitor: str) -> dict:
     proc = start_competitor(competitor)
     try:
         times = {name: [] for name in PATHS}
-        ticks0, t0 = machine_ticks(), time.perf_counter()
         n = FLAGS.max_new_tokens
-        for _ in range(FLAGS.rounds):
-            for name, kw in PATHS.items():
-                start = time.perf_counter()
-                decoding.generate(config, params, [prompt], max_new_tokens=n, **kw)
-                times[name].append((time.perf_counter() - start) * 1e3 / n)
-        ticks1, wall = machine_ticks(), time.perf_counter() - t0
+        with analysis.MachineLoad() as load:
+            for _ in range(FLAGS.rounds):
+                for name, kw in PATHS.items():
+                    start = time.perf_counter()
+                    decoding.generate(config, params, [prompt], max_new_tokens=n, **kw)
+                    times[name].append((time.perf_counter() - start) * 1e3 / n)
     finally:
         if proc is not None:
             proc.kill()
             proc.wait()
-    hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
-    other = (ticks1[0] - ticks0[0]) - (ticks1[1] - ticks0[1])
     ratios = [x / f for f, x in zip(times["ffi"], times["xla"])]
-    share = other / (hz * wall * cores)
-    return {"times": times, "ratio": statistics.median(ratios), "other": share}
+    return {"times": times, "ratio": statistics.median(ratios), "other": load.other}
 
 
 def main(argv):

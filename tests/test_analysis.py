@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -83,6 +84,8 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
     for key in ("speedup", "tau", "verify_over_step", "efficiency", "recompiles", "sweep"):
         assert key in result, key
     assert result["recompiles"] == 0
+    assert result["valid"] is (not result["invalid"]) and np.isfinite(result["other_cpu"])
+    assert all(r["speedup_iqr"][0] <= r["speedup_iqr"][1] for r in result["sweep"])
     assert {r["proposer"] for r in result["sweep"]} == {"mtp", "ngram"}
     assert all(r["same_as_greedy"] for r in result["sweep"])
     assert 1.0 <= result["tau"] <= 2.0
@@ -119,6 +122,40 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
                 assert row[piece] > 0, (impl, t, piece)
     if len(linears["impls"]) > 1:  # the kernel is built: plain greedy with XLA's dots swept too
         assert result["plain_linears"]["same_tokens"]
+
+
+def _row(speedup, tau, r, efficiency, tree=None):
+    return dict(proposer="ngram", num_draft=2, commit="replay", tree=tree, tau=tau,
+                decode_speedup=speedup, verify_over_step=r, efficiency=efficiency)  # fmt: skip
+
+
+def test_self_checks_flag_the_impossible_run_and_pass_a_physical_one():
+    """The run the issue quoted: n-gram k = 2 at 2.72x with tau 1.645 and efficiency 1.99, the
+    plain loop at 3.46 ms/token against its 2.03 ms step piece. Every one of its figures is
+    flagged; a run inside the physics (and a tree row without an efficiency) passes."""
+    t_step = 2.03e-3
+    bad = analysis.self_checks([_row(2.72, 1.645, 1.2, 1.99)], 1 / 3.46e-3, t_step)
+    assert len(bad) == 3, bad
+    assert "plain loop 3.460 ms/token is 1.70x" in bad[0]
+    assert "efficiency 1.99 outside" in bad[1] and "above tau / r" in bad[2]
+    good = [_row(1.25, 1.645, 1.2, 0.93), _row(1.1, 1.4, 1.2, float("nan"), tree=(2, 1))]
+    assert analysis.self_checks(good, 1 / 2.1e-3, t_step) == []
+    # each check alone, at its edge
+    assert len(analysis.self_checks([_row(1.0, 1.645, 1.2, 0.79)], 1 / 2.0e-3, t_step)) == 1
+    assert len(analysis.self_checks([_row(1.0, 1.645, 1.2, 0.9)], 1 / 2.3e-3, t_step)) == 1
+    tree = _row(1.5, 1.4, 1.0, float("nan"), tree=(2, 1))
+    assert "mtp tree 2x1" in analysis.self_checks([tree], 1 / 2.0e-3, t_step)[0]
+
+
+def test_machine_load_reads_a_share_of_the_cpu():
+    """A child process spinning for 0.5 s is another process's CPU time: it shows in
+    ``MachineLoad.other`` (at least a third of one core's share of the wall time), which stays
+    within [-0.1, 1] (tick counters)."""
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass"
+    with analysis.MachineLoad() as load:
+        subprocess.run([sys.executable, "-c", spin], check=True)
+    assert -0.1 <= load.other <= 1.0
+    assert load.other > 1 / 3 / (os.cpu_count() or 1), load.other
 
 
 def test_acceptance_by_context_position_by_hand():

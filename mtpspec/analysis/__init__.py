@@ -10,7 +10,8 @@ model"):
   * ideal speed-up = τ · t_step / (t_verify + t_draft); efficiency = measured ÷ ideal;
   * the i.i.d. acceptance model: E[τ] = (1 − α^{k+1}) / (1 − α).
 
-  timing.py   median_seconds, interleaved_medians, loop_job, CompileCounter, matmul_row_scaling
+  timing.py   median_seconds, interleaved_medians, loop_job, CompileCounter, MachineLoad,
+              matmul_row_scaling
   pieces.py   piece_costs: step, verify, commit per strategy, draft per proposer;
               layer_costs: attention / GDN / MLP / LM head of a step and of verify windows
   sweep.py    sweep / summarize: every configuration against plain greedy in one run
@@ -34,6 +35,7 @@ from mtpspec.analysis.sweep import (
     alpha_per_proposer,
     best,
     run_point,
+    self_checks,
     spec_for,
     stock_attention,
     summarize,
@@ -42,6 +44,7 @@ from mtpspec.analysis.sweep import (
 )
 from mtpspec.analysis.timing import (
     CompileCounter,
+    MachineLoad,
     interleaved_medians,
     loop_job,
     matmul_row_scaling,
@@ -61,6 +64,7 @@ __all__ = [
     "PLAIN",
     "PLAIN_XLA",
     "CompileCounter",
+    "MachineLoad",
     "Point",
     "RankAcceptance",
     "Timed",
@@ -81,6 +85,7 @@ __all__ = [
     "plot_nodes",
     "plot_sweep",
     "run_point",
+    "self_checks",
     "spec_for",
     "speed_bounds",
     "stock_attention",

@@ -178,6 +178,7 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
                 tokens_per_s=tps,
                 decode_tokens_per_s=decode_tps,
                 speedup=tps / plain_tps,
+                speedup_iqr=round_speedup_iqr(timed, pt, plain),
                 decode_speedup=decode_tps / plain_decode,
                 prefill_s=timed.prefill[pt.program],
                 tau=acc["tau"],
@@ -192,6 +193,54 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
             )
         )
     return rows
+
+
+def round_speedup_iqr(timed: Timed, pt: Point, plain: Point) -> tuple[float, float]:
+    """(first, third) quartile of the per-round end-to-end speed-up: each round's point against
+    the plain run of the same round (round-robin, so a slow phase moves both)."""
+    ratio = sum(map(len, timed.tokens[pt])) / sum(map(len, timed.tokens[plain]))
+    per_round = [ratio * p / s for s, p in zip(timed.seconds[pt], timed.seconds[plain])]
+    if len(per_round) < 2:
+        return per_round[0], per_round[0]
+    q1, _, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
+    return q1, q3
+
+
+EFFICIENCY_RANGE = (0.8, 1.1)
+PLAIN_LOOP_SLACK = 1.1  # the plain loop's time per token may exceed its step piece by 10 %
+
+
+def self_checks(rows: list[dict], plain_decode_tps: float, t_step: float) -> list[str]:
+    """Why a sweep's figures cannot be trusted as a result (empty: none found). Each check is
+    physics a valid run obeys: a chain's efficiency (measured decode speed-up ÷ the pieces' ideal)
+    within ``EFFICIENCY_RANGE``; no decode speed-up above τ ÷ r(k+1), r the verify window ÷ step
+    (a window cannot emit more than τ tokens per window's time); the plain loop's time per decoded
+    token (1 ÷ ``plain_decode_tps``) at most ``PLAIN_LOOP_SLACK`` × its own step piece
+    ``t_step`` (a slower plain loop is a handicapped baseline that inflates every speed-up).
+    Trees (no split-out draft cost) get only the τ ÷ r check; NaN figures are skipped."""
+    lo, hi = EFFICIENCY_RANGE
+    found = []
+    plain_token_s = 1.0 / plain_decode_tps
+    if plain_token_s > PLAIN_LOOP_SLACK * t_step:
+        found.append(
+            f"plain loop {plain_token_s * 1e3:.3f} ms/token is {plain_token_s / t_step:.2f}x its "
+            f"step piece ({t_step * 1e3:.3f} ms; allowed {PLAIN_LOOP_SLACK:.2f}x)"
+        )
+    for r in rows:
+        name = (
+            f"{r['proposer']} k={r['num_draft']} {r['commit']}"
+            if r["tree"] is None
+            else "mtp tree " + "x".join(map(str, r["tree"]))
+        )
+        eff, bound = r["efficiency"], r["tau"] / r["verify_over_step"]
+        if r["tree"] is None and eff == eff and not lo <= eff <= hi:
+            found.append(f"{name}: efficiency {eff:.2f} outside [{lo}, {hi}]")
+        if r["decode_speedup"] > bound:
+            found.append(
+                f"{name}: decode speed-up {r['decode_speedup']:.2f} above tau / r = "
+                f"{r['tau']:.2f} / {r['verify_over_step']:.2f} = {bound:.2f}"
+            )
+    return found
 
 
 def alpha_per_proposer(rows: list[dict]) -> dict[str, float]:

@@ -3,6 +3,7 @@ jitted on-device loop (as generate's loop runs them), and JAX compile counting."
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,39 @@ class CompileCounter:
 
     def __exit__(self, *exc):
         CompileCounter._active.remove(self)
+        return False
+
+
+def _ticks() -> tuple[int, int]:
+    """(busy ticks of the whole machine, steal included; this process's user + system ticks)."""
+    with open("/proc/stat") as f:
+        cpu = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return busy, int(fields[11]) + int(fields[12])
+
+
+class MachineLoad:
+    """The share of the machine's CPU time that went to other processes (and hypervisor steal)
+    while active: ``with MachineLoad() as load: ...; load.other`` (0.25 = a quarter of all cores'
+    time). Read from ``/proc/stat`` and ``/proc/self/stat`` tick counters, so good to a few
+    percent (it can read slightly below 0 on a quiet machine); NaN where ``/proc`` is missing."""
+
+    def __init__(self):
+        self.other = float("nan")
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        self._start = _ticks() if os.path.exists("/proc/stat") else None
+        return self
+
+    def __exit__(self, *exc):
+        if self._start is not None:
+            end, wall = _ticks(), time.perf_counter() - self._t0
+            other = (end[0] - self._start[0]) - (end[1] - self._start[1])
+            hz, cores = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+            self.other = other / (hz * max(wall, 1e-9) * cores)
         return False
 
 
