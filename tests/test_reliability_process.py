@@ -9,6 +9,7 @@ silent, a negative control shows the test can see it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 import subprocess
@@ -24,6 +25,7 @@ import mtpspec
 from mtpspec import checkpoints, decoding, models
 from mtpspec import config as C
 from mtpspec.decoding import program
+from mtpspec.kernels import cpu_linear
 from tests.conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -129,6 +131,30 @@ def test_generating_changes_no_jax_config_and_no_logging_set_up():
     # the suite's own settings arrive through JAX_* variables, read before the snapshot
     assert got["after"]["config"] == got["before"]["config"]
     assert got["after"]["loggers"] == got["before"]["loggers"]
+
+
+@pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
+def test_changing_a_kernel_knob_after_a_compile_compiles_a_new_program(model, monkeypatch):
+    """A notebook sets ``cpu_linear.THREADS = 1`` (or the ISA) after a first generate: the next
+    call must compile a program that reads the new value, not silently reuse the old one
+    (the knobs are read when a call is traced). Same tokens; setting it back reuses the first
+    program; the negative control: an unchanged knob compiles nothing."""
+    config, params = model
+    run = functools.partial(
+        decoding.generate, config, params, PROMPTS, max_new_tokens=6, linear="ffi",
+        speculative=decoding.SpecConfig("mtp", 2),
+    )  # fmt: skip
+    first = run().tokens
+    before = decoding.compile_count()
+    assert run().tokens == first and decoding.compile_count() == before  # negative control
+    monkeypatch.setattr(cpu_linear, "THREADS", 1)
+    assert run().tokens == first
+    assert decoding.compile_count() == before + 1
+    monkeypatch.setattr(cpu_linear, "ISA", "avx2")
+    assert run().tokens == first
+    assert decoding.compile_count() == before + 2
+    monkeypatch.undo()
+    assert run().tokens == first and decoding.compile_count() == before + 2
 
 
 # ---- threads -------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mtpspec import ops, sharding
+from mtpspec import kernels, ops, sharding
 from mtpspec.config import ModelConfig, token_id_list
 from mtpspec.decoding import proposers
 from mtpspec.decoding.program import ProgramKey
@@ -228,6 +228,7 @@ def prepare(
         logprobs=logprobs,
         attention=attention,
         tree=tree,
+        kernels=kernels.trace_settings(),
     )
     b = len(prompts)
     check_memory(config, b, key.capacity, key.out_size, mesh)

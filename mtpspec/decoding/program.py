@@ -60,6 +60,7 @@ class ProgramKey(NamedTuple):
     attention: str = "xla"  # resolved attention implementation of decode steps / verify windows
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
     tree: Any = None  # a ``models.tree.TreeShape`` (tree speculation; depth k) or None (a chain)
+    kernels: tuple = ()  # the kernels' trace-time knobs (``kernels.trace_settings()``)
 
 
 class Carry(NamedTuple):
