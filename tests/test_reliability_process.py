@@ -157,6 +157,23 @@ def test_changing_a_kernel_knob_after_a_compile_compiles_a_new_program(model, mo
     assert run().tokens == first and decoding.compile_count() == before + 2
 
 
+def test_equal_spec_configs_are_equal(model):
+    """A notebook builds ``SpecConfig("mtp", 2)`` twice: the two are equal and hash alike (they
+    compared by identity before); a different setting or another draft-weights object is not
+    equal; weights are compared by identity, never element by element."""
+    config, params = model
+    a, b = decoding.SpecConfig("mtp", 2), decoding.SpecConfig("mtp", 2)
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != decoding.SpecConfig("mtp", 3) and a != decoding.SpecConfig("mtp", 2, tree=(1, 1))
+    draft = dict(draft_config=config, draft_params=params)
+    assert decoding.SpecConfig("draft", 2, **draft) == decoding.SpecConfig("draft", 2, **draft)
+    copied = jax.tree.map(jnp.copy, params)
+    assert decoding.SpecConfig("draft", 2, **draft) != decoding.SpecConfig(
+        "draft", 2, draft_config=config, draft_params=copied
+    )
+    assert a != "mtp"
+
+
 # ---- threads -------------------------------------------------------------------------------------
 
 

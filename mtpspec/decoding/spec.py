@@ -40,6 +40,10 @@ class SpecConfig:
     (``models.tree``); proposers "mtp" and "draft" (greedy: the top b_i children; sampling:
     b_i i.i.d. draws) and "ngram" (the distinct continuations in the history), verified
     losslessly when sampling (``sampling.tree_speculative_accept``).
+
+    Two SpecConfigs are equal (and hash alike) when every setting is equal and ``draft_params``
+    is the same object (weights are compared by identity: comparing arrays element by element
+    would be slow and ambiguous).
     """
 
     proposer: str = "mtp"
@@ -51,6 +55,18 @@ class SpecConfig:
     draft_config: ModelConfig | None = None
     draft_params: Any = None
     tree: tuple[int, ...] | None = None
+
+    def _settings(self) -> tuple:
+        fields = dataclasses.fields(self)
+        return tuple(getattr(self, f.name) for f in fields if f.name != "draft_params")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, SpecConfig):
+            return NotImplemented
+        return self.draft_params is other.draft_params and self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash((self._settings(), id(self.draft_params)))
 
     def validate(self, config: ModelConfig, params) -> None:
         """Raise ValueError / TypeError naming the first problem with these settings for the
