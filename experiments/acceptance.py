@@ -11,7 +11,7 @@ B-token ranges: does acceptance fall as the context grows?), and ``--plot`` draw
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
 import mtpspec
 from experiments import cli
@@ -86,4 +86,4 @@ def plot(rows, path: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -15,7 +15,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 from mtpspec import ops
@@ -106,4 +106,4 @@ def main(argv):
 
 if __name__ == "__main__":
     jnp.zeros(())  # initialise the backend before absl parses flags (keeps logs tidy)
-    app.run(main)
+    cli.run(main)

@@ -12,12 +12,9 @@ On the default model (or any checkpoint), in this one process (``mtpspec.analysi
     verify, draft cost; the ideal speedup τ·t_step/(t_verify+t_draft) and efficiency = measured ÷
     ideal (docs/design.md, "Performance model");
   * ``recompiles``: XLA compilations during the timed part (must be 0);
-  * the spread: each configuration's per-round speed-up (against the plain run of the same round)
-    as an interquartile range, and the share of the CPU other processes took meanwhile;
-  * self-checks (``analysis.self_checks``): a chain's efficiency outside [0.8, 1.1], a decode
-    speed-up above τ ÷ r(k+1), the plain loop more than 10 % slower per token than its own step
-    piece, or a recompile mark the run INVALID instead of printing a best configuration
-    (``--json_out``: ``valid``, ``invalid``);
+  * the per-round speed-up's IQR, the CPU share other processes took; self-checks
+    (``analysis.self_checks``: efficiency outside [0.8, 1.1], decode speed-up above τ ÷ r(k+1),
+    plain loop > 1.1 × its step piece, recompiles) mark the run INVALID instead of a best;
   * the linear implementations side by side (``decoding.prepare(linear=...)``): plain greedy
     on XLA's own path (attention too) as a point of the same sweep; the verify window ÷ step
     r(t) for t = 2..``--max_window`` and the per-piece decomposition (attention, GDN, MLP, LM
@@ -498,4 +495,4 @@ DEFINITIONS = (
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -13,7 +13,7 @@ import pathlib
 
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from mtpspec import checkpoints, models
 
@@ -80,4 +80,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from experiments import cli
+
+    cli.run(main)

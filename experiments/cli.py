@@ -10,6 +10,9 @@ A script calls the ``define_*`` groups it needs at import time:
     define_json_out()              --json_out
     define_mesh()                  --mesh, --mesh_axis_types and the multi-host flags
 
+and runs with ``cli.run(main)`` (for ``app.run``): a user's mistake ends in one line on stderr,
+``<tool>: error: <message>``, status 2 (usage) or 1, its traceback only with ``--debug``.
+
 Mesh, single host, 8 devices, 2-way data x 4-way model parallel:
 
     python -m experiments.generate --mesh=2x4 --prompt="def fib(n):"
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import json
 import pathlib
+import sys
+import traceback
 
 from absl import app, flags
 
@@ -192,3 +197,76 @@ def demo_texts() -> list[str]:
     """The held-out demo prompts (``mtpspec/assets/demo_prompts.json``)."""
     spec = json.loads((ASSETS / "demo_prompts.json").read_text())
     return [p["text"] for p in spec["prompts"]]
+
+
+# ---- running a tool -----------------------------------------------------------------------------
+
+# What a user's mistake raises (a bad flag value, a missing path, an option this checkpoint does
+# not support): the library refuses bad inputs with ValueError / TypeError, missing or unreadable
+# files with OSError, and the scripts with app.UsageError. Anything else is a bug: its traceback
+# stays.
+USER_ERRORS = (app.UsageError, flags.Error, ValueError, TypeError, OSError)
+USAGE_STATUS = 2  # usage errors (flags, app.UsageError), as argparse
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+
+
+def tool_name() -> str:
+    """``experiments.generate`` for ``python -m experiments.generate``, else the script's name."""
+    path = pathlib.Path(sys.argv[0] if sys.argv and sys.argv[0] else "experiments")
+    if path.suffix == ".py" and path.resolve().parent == pathlib.Path(__file__).resolve().parent:
+        return f"experiments.{path.stem}"
+    return path.name
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (its lines joined), else the exception's type name."""
+    text = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return text or type(error).__name__
+
+
+def fail(error: BaseException | str, status: int, debug: bool = False) -> None:
+    """``<tool>: error: <message>`` on stderr (after the traceback when ``debug``) and exit."""
+    if debug:
+        traceback.print_exc()
+    message = error if isinstance(error, str) else one_line(error)
+    sys.stdout.flush()
+    print(f"{tool_name()}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, whose errors (bad value, unknown flag, a required flag missing) end in
+    one line and status 2 instead of absl's two-line "FATAL Flags parsing error"."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        fail(e, USAGE_STATUS)
+
+
+def run(main) -> None:
+    """``app.run(main)`` for an experiments script, with a user's mistake (``USER_ERRORS``) ending
+    in one line ``<tool>: error: <message>`` on stderr and status 2 (usage) or 1, no traceback;
+    Ctrl-C in one line and status 130. ``--debug`` prints the traceback before that line; other
+    exceptions (bugs) keep theirs. --help and the other absl flags behave as with app.run.
+
+    Output printed from text that came from bytes (argv, file names; Python decodes them with
+    surrogateescape) goes back out as those bytes: stdout's ``strict`` errors (a UTF-8 locale
+    other than C) would turn echoing a non-UTF-8 prompt into a UnicodeEncodeError."""
+    if "debug" not in FLAGS:
+        # listed under the script (--helpshort), not this module
+        flags.DEFINE_bool(
+            "debug", False, "On an error, print the Python traceback too.", module_name=sys.argv[0]
+        )
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
+
+    def checked_main(argv):
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            fail("interrupted", INTERRUPTED_STATUS, FLAGS.debug)
+        except USER_ERRORS as e:
+            usage = isinstance(e, (app.UsageError, flags.Error))
+            fail(e, USAGE_STATUS if usage else 1, FLAGS.debug)
+
+    app.run(checked_main, flags_parser=_parse_flags)

@@ -19,7 +19,7 @@ import pathlib
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 from mtpspec import checkpoints
@@ -100,4 +100,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

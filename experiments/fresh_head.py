@@ -21,7 +21,7 @@ import dataclasses
 import pathlib
 import shutil
 
-from absl import app, flags
+from absl import flags
 
 import mtpspec
 from experiments import cli
@@ -108,4 +108,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

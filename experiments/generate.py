@@ -67,6 +67,17 @@ flags.DEFINE_integer("rounds", 5, "--demo: timed rounds per configuration, run r
 flags.DEFINE_bool(
     "demo", False, "Compare plain greedy, MTP and n-gram (each --num_draft) on held-out prompts."
 )
+# Checked while the flags are parsed, before any model loads: a bad value ends in one line (cli.run)
+# instead of after loading, compiling and echoing the prompt. The library checks the same ranges.
+for _name, _ok, _rule in (
+    ("max_new_tokens", lambda v: v >= 0, ">= 0"),
+    ("rounds", lambda v: v >= 1, ">= 1"),
+    ("temperature", lambda v: 0 <= v < float("inf"), "finite and >= 0"),
+    ("top_k", lambda v: v >= 0, ">= 0 (0 = off)"),
+    ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    ("min_p", lambda v: 0 <= v <= 1, "in [0, 1] (0 = off)"),
+):
+    flags.register_validator(_name, _ok, f"--{_name} must be {_rule}")
 
 
 def spec_config(proposer: str, k: int, commit: str):
@@ -275,4 +286,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

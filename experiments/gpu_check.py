@@ -25,7 +25,7 @@ import types
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from experiments import cli
 
@@ -309,4 +309,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

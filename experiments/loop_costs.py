@@ -79,4 +79,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

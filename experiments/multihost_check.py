@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("max_new_tokens", 32, "Tokens to generate.")
@@ -95,4 +95,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from experiments import cli
+
+    cli.run(main)

@@ -26,7 +26,7 @@ import dataclasses  # noqa: E402
 import re  # noqa: E402
 
 import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
 from experiments import cli  # noqa: E402
 from mtpspec import checkpoints, decoding, sharding  # noqa: E402
@@ -77,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

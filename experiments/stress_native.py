@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from mtpspec import config as C
 from mtpspec import decoding, models
@@ -61,4 +61,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from experiments import cli
+
+    cli.run(main)
