@@ -339,3 +339,30 @@ def qwen3_5_27b(**overrides) -> ModelConfig:
         dtype="bfloat16",
     )
     return dataclasses.replace(base, **overrides)
+
+
+def qwen3_5_0_8b(**overrides) -> ModelConfig:
+    """The shape of Qwen3.5-0.8B's text model (its published text_config): 24 layers, full
+    attention every 4th (18 GDN + 6 gated attention), H 1024, FFN 3584, 16 × 128 GDN key and value
+    heads, 8 query / 2 KV heads of 256, a 248,320-token vocabulary with tied embeddings, one MTP
+    layer, bf16."""
+    base = ModelConfig(
+        family="qwen3_5",
+        vocab_size=248320,
+        hidden_size=1024,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(24)),
+        mlp_types=("dense",) * 24,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=256,
+        rope_theta=10_000_000.0,
+        partial_rotary_factor=0.25,
+        linear_num_key_heads=16,
+        linear_num_value_heads=16,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        intermediate_size=3584,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
+    return dataclasses.replace(base, **overrides)
