@@ -28,11 +28,13 @@ Multi-host (the same command in every process; process 0's host:port is the coor
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import sys
 import traceback
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 # mtpspec is imported inside the functions: gpu_check.py uses this module on a machine where only
 # JAX may import (it loads mtpspec.ops alone there).
@@ -243,11 +245,26 @@ def _parse_flags(argv: list[str]) -> list[str]:
         fail(e, USAGE_STATUS)
 
 
+# Libraries whose INFO lines a tool does not print (orbax logs a dozen per checkpoint load, JAX
+# that it found no TPU, before any error line of ours); their warnings and errors pass, and
+# --debug shows everything. mtpspec's own INFO lines (what "auto" chose) stay.
+QUIET_LIBRARIES = ("/orbax/", "/jax/_src/")
+
+
+class _QuietLibraries(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        path = record.pathname.replace("\\", "/")
+        return not any(part in path for part in QUIET_LIBRARIES)
+
+
 def run(main) -> None:
     """``app.run(main)`` for an experiments script, with a user's mistake (``USER_ERRORS``) ending
     in one line ``<tool>: error: <message>`` on stderr and status 2 (usage) or 1, no traceback;
     Ctrl-C in one line and status 130. ``--debug`` prints the traceback before that line; other
     exceptions (bugs) keep theirs. --help and the other absl flags behave as with app.run.
+    Orbax's and JAX's INFO lines (``QUIET_LIBRARIES``) are not printed unless ``--debug``.
 
     Output printed from text that came from bytes (argv, file names; Python decodes them with
     surrogateescape) goes back out as those bytes: stdout's ``strict`` errors (a UTF-8 locale
@@ -261,6 +278,8 @@ def run(main) -> None:
         sys.stdout.reconfigure(errors="surrogateescape")
 
     def checked_main(argv):
+        if not FLAGS.debug:  # this tool's own process: the user's logging is not touched
+            absl_logging.get_absl_handler().addFilter(_QuietLibraries())
         try:
             return main(argv)
         except KeyboardInterrupt:

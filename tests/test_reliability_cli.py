@@ -80,6 +80,20 @@ def test_a_command_line_mistake_ends_in_one_line(case):
         assert word in lines[0]
 
 
+def test_a_mistake_found_after_loading_a_checkpoint_is_still_one_line(tmp_path):
+    """export_hf loads the checkpoint (orbax logs a dozen INFO lines while it does) before it
+    finds the output directory taken; --debug shows those lines again (the negative control)."""
+    (tmp_path / "taken").write_text("x")
+    args = ["--checkpoint=mtpspec/assets/default_model", f"--out={tmp_path}"]
+    done = run_tool("export_hf", *args)
+    lines = error_lines(done.stderr)
+    assert done.returncode == FAILED, done.stderr[-3000:]
+    assert lines == [f"experiments.export_hf: error: {tmp_path} is not empty (taken, ...)"]
+    loud = run_tool("export_hf", *args, "--debug")
+    assert loud.returncode == FAILED
+    assert "orbax" in loud.stderr and "Traceback" in loud.stderr
+
+
 def test_debug_shows_the_traceback_before_the_line():
     done = run_tool("generate", "--checkpoint=/nonexistent", "--prompt=x", "--debug")
     lines = error_lines(done.stderr)
