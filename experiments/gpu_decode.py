@@ -44,13 +44,19 @@ from mtpspec.decoding.stats import pooled
 from mtpspec.models import params as P
 
 FLAGS = flags.FLAGS
-flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes and few tokens on CPU: checks the script.")
-flags.DEFINE_list("parts", ["default", "large"], "Which models to run: default, large.")
-flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt in the timed sweeps.")
-flags.DEFINE_integer("repeats", 3, "Timed round-robin repeats per sweep.")
-flags.DEFINE_integer("window_rows", 16, "Time chain windows of 1..window_rows rows ÷ a step.")
-flags.DEFINE_float("budget_s", 300.0, "Skip what is left after this many seconds.")
-cli.define_json_out()
+
+
+def define_flags() -> None:
+    """The tool's flags, defined only when it runs as a script (tests import ``run`` beside
+    ``gpu_check``, whose flags share these names)."""
+    flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes and few tokens on CPU: checks the script.")
+    flags.DEFINE_list("parts", ["default", "large"], "Which models to run: default, large.")
+    flags.DEFINE_integer("max_new_tokens", 128, "New tokens per prompt in the timed sweeps.")
+    flags.DEFINE_integer("repeats", 3, "Timed round-robin repeats per sweep.")
+    flags.DEFINE_integer("window_rows", 16, "Time chain windows of 1..window_rows rows ÷ a step.")
+    flags.DEFINE_float("budget_s", 300.0, "Skip what is left after this many seconds.")
+    cli.define_json_out()
+
 
 DEFAULT_POINTS = [Point("none", 0, None)] + [Point("mtp", k, "replay") for k in (1, 2, 3, 4)]
 DEFAULT_POINTS += [Point("ngram", 3, "replay")]
@@ -293,4 +299,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)
