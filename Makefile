@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
 SOURCES := setup.cfg setup.py pyproject.toml $(wildcard mtpspec/kernels/*.cc) $(wildcard mtpspec/kernels/*.h)
 
-.PHONY: test test-hf lint format install demo bench-gdn gpu-check-smoke clean
+.PHONY: test test-hf lint format install demo bench-gdn gpu-check-smoke gpu-run-smoke clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,10 @@ bench-gdn: $(BASE_STAMP)
 # The prepared GPU check (issue 8) on CPU: interpret mode, tiny shapes, < 1 minute.
 gpu-check-smoke: $(STAMP)
 	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
+
+# The whole prepared GPU run (issue 40) on CPU: gpu_check and gpu_decode, tiny shapes, ~2 minutes.
+gpu-run-smoke: $(STAMP)
+	PYTHON=$(BIN)/python OUT=/tmp/gpu_run experiments/gpu_run.sh --cpu_smoke
 
 clean:
 	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache .jax_cache mtpspec/kernels/_cpu_*.so
