@@ -32,6 +32,7 @@ import mtpspec
 from experiments import cli
 from mtpspec import checkpoints
 from mtpspec import text as text_api
+from mtpspec.analysis import CompileCounter, MachineLoad, per_round_speedup, quick_checks
 from mtpspec.decoding.stats import pooled
 
 FLAGS = flags.FLAGS
@@ -106,16 +107,29 @@ def run(config, params, prompts, proposer, k, commit, **kw):
     return row, timed
 
 
-def round_robin(runs, rounds: int) -> list[dict]:
+def round_robin(runs, rounds: int) -> tuple[list[dict], float, int]:
     """Every configuration's round in turn, ``rounds`` times (slow phases of a shared machine hit
-    all of them alike); tokens/s from each configuration's median round."""
-    for _ in range(rounds):
-        for _, timed in runs:
-            timed()
+    all of them alike); tokens/s from each configuration's median round, and the speed-up over
+    the first configuration (plain greedy) with the IQR of its per-round ratios. Also returns
+    the share of the CPU other processes took meanwhile (``analysis.MachineLoad``) and the
+    compiles after the first round (a prompt's first length bucket may compile in round one)."""
+    recompiles = 0
+    with MachineLoad() as load:
+        for i in range(rounds):
+            with CompileCounter() as counter:
+                for _, timed in runs:
+                    timed()
+            if i:
+                recompiles += counter.count
     rows = [row for row, _ in runs]
+    base = rows[0]
     for row in rows:
         row["tokens_per_s"] = sum(map(len, row["tokens"])) / statistics.median(row["round_s"])
-    return rows
+        share = sum(map(len, row["tokens"])) / sum(map(len, base["tokens"]))
+        row["speedup"], *iqr = per_round_speedup(row["round_s"], base["round_s"], share)
+        row["speedup_iqr"] = tuple(iqr)
+        row["name"] = f"{row['proposer']} k={row['num_draft']}"
+    return rows, load.other, recompiles
 
 
 def linear_name(mesh) -> str:
@@ -146,29 +160,37 @@ def demo(mesh=None):
     for proposer in ("mtp", "ngram"):
         for k in cli.num_drafts():
             runs.append(run(config, params, prompts, proposer, k, commit, **kw))
-    rows = round_robin(runs, FLAGS.rounds)
+    rows, other_cpu, recompiles = round_robin(runs, FLAGS.rounds)
     base = rows[0]
     print("\n--- prompt (held-out) ---\n" + texts[0])
     print("--- greedy continuation ---\n" + tok.decode(base["tokens"][0]))
-    print(f"\n{'decoding':<22} {'tok/s':>8} {'speedup':>8} {'tau':>6} {'compile s':>10}  same")
+    print(
+        f"\n{'decoding':<22} {'tok/s':>8} {'speedup':>8} {'(IQR)':>11} {'tau':>6} "
+        f"{'compile s':>10}  same"
+    )
     for r in rows:
         plain = r["proposer"] == "none"
         name = "plain greedy" if plain else f"{r['proposer']} k={r['num_draft']} {r['commit']}"
-        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
         tau = "-" if plain else f"{r['tau']:.2f}"
+        iqr = "" if plain else "({:.2f}-{:.2f})".format(*r["speedup_iqr"])
         print(
-            f"{name:<22} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f}x {tau:>6} "
+            f"{name:<22} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f}x {iqr:>11} {tau:>6} "
             f"{r['compile_s']:>10.1f}  {r['tokens'] == base['tokens']}"
         )
     print(
         f"(tok/s over all prompts at batch 1, compile excluded; median of {FLAGS.rounds} rounds "
-        "run round-robin in this run)"
+        "run round-robin in this run; IQR: of the per-round speed-ups against the same round's "
+        f"plain greedy)\nother processes and steal during the rounds: {other_cpu:.0%} of the CPU"
     )
+    invalid = quick_checks(rows, recompiles)
     best = max(rows[1:], key=lambda r: r["speedup"], default=None)
-    if best is not None:
+    if invalid:
+        print("INVALID RUN (self-checks failed; the figures above are not a result):")
+        print("".join(f"  - {why}\n" for why in invalid), end="")
+    elif best is not None:
         print(
             f"best: {best['proposer']} k={best['num_draft']} at {best['speedup']:.2f}x plain "
-            f"greedy, tokens {'identical' if best['tokens'] == base['tokens'] else 'DIFFERENT'}"
+            "greedy (IQR {:.2f}-{:.2f}), tokens identical".format(*best["speedup_iqr"])
         )
     return rows
 

@@ -220,3 +220,29 @@ def test_loop_profile_maps_thunks_to_targets_and_source_functions():
     assert frames["add_rsqrt_fusion.2"] == ["rms_norm", "decoder_layer"]
     assert "copy.1" not in frames  # no stack frame: reported as "?"
     assert loop_profile.source_frames("HloModule m\nENTRY %main {\n}") == {}
+
+
+def test_per_round_speedup_pairs_each_round_with_the_same_rounds_plain_run():
+    # plain slows down in round 3 and so does the point: the per-round ratio stays 2
+    med, q1, q3 = analysis.per_round_speedup([0.5, 0.5, 1.0, 0.5], [1.0, 1.0, 2.0, 1.0])
+    assert (med, q1, q3) == (2.0, 2.0, 2.0)
+    # a ratio of medians would read 1.0 / 0.5 = 2 here too; per round it is 1.5, 2, 3
+    med, q1, q3 = analysis.per_round_speedup([1.0, 0.5, 0.5], [1.5, 1.0, 1.5])
+    assert med == 2.0 and q1 == 1.75 and q3 == 2.5
+    assert analysis.per_round_speedup([2.0], [1.0], token_ratio=2.0) == (1.0, 1.0, 1.0)
+    with pytest.raises(ValueError, match="as many rounds"):
+        analysis.per_round_speedup([1.0], [1.0, 1.0])
+
+
+def test_quick_checks_flag_a_run_that_is_no_result():
+    plain = {"name": "plain", "tokens": [[1, 2, 3]], "speedup": 1.0, "tau": 1.0}
+    good = {"name": "mtp k=2", "tokens": [[1, 2, 3]], "speedup": 1.7, "tau": 2.4}
+    assert analysis.quick_checks([plain, good], 0) == []  # the negative control
+    fast = {**good, "speedup": 2.5}
+    wrong = {**good, "name": "ngram k=2", "tokens": [[1, 2, 4]]}
+    found = analysis.quick_checks([plain, fast, wrong], 3)
+    assert found == [
+        "3 compiles during the timed rounds",
+        "mtp k=2: speed-up 2.50 above its tau 2.40",
+        "ngram k=2: tokens differ from plain greedy",
+    ]

@@ -14,7 +14,8 @@ model"):
               matmul_row_scaling
   pieces.py   piece_costs: step, verify, commit per strategy, draft per proposer;
               layer_costs: attention / GDN / MLP / LM head of a step and of verify windows
-  sweep.py    sweep / summarize: every configuration against plain greedy in one run
+  sweep.py    sweep / summarize: every configuration against plain greedy in one run;
+              per_round_speedup (median, IQR); self_checks / quick_checks: why a run is no result
   model.py    ideal_speedup, expected_tau, fit_alpha
   hlo.py      loop_copies: the buffer copies XLA put in a decoding program's loop body
   plots.py    plot_sweep
@@ -34,6 +35,8 @@ from mtpspec.analysis.sweep import (
     Timed,
     alpha_per_proposer,
     best,
+    per_round_speedup,
+    quick_checks,
     run_point,
     self_checks,
     spec_for,
@@ -86,6 +89,8 @@ __all__ = [
     "plot_sweep",
     "run_point",
     "self_checks",
+    "per_round_speedup",
+    "quick_checks",
     "spec_for",
     "speed_bounds",
     "stock_attention",

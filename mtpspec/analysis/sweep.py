@@ -195,15 +195,39 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
     return rows
 
 
-def round_speedup_iqr(timed: Timed, pt: Point, plain: Point) -> tuple[float, float]:
-    """(first, third) quartile of the per-round end-to-end speed-up: each round's point against
-    the plain run of the same round (round-robin, so a slow phase moves both)."""
-    ratio = sum(map(len, timed.tokens[pt])) / sum(map(len, timed.tokens[plain]))
-    per_round = [ratio * p / s for s, p in zip(timed.seconds[pt], timed.seconds[plain])]
+def per_round_speedup(point_s, plain_s, token_ratio: float = 1.0) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of the per-round speed-ups: round i's point
+    (``point_s[i]`` seconds for ``token_ratio`` × plain's tokens) against plain's round i
+    (round-robin, so a slow phase moves both)."""
+    if len(point_s) != len(plain_s) or not point_s:
+        raise ValueError(f"need as many rounds of each (>= 1), got {len(point_s)}, {len(plain_s)}")
+    per_round = [token_ratio * p / s for s, p in zip(point_s, plain_s)]
     if len(per_round) < 2:
-        return per_round[0], per_round[0]
-    q1, _, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
-    return q1, q3
+        return per_round[0], per_round[0], per_round[0]
+    q1, q2, q3 = statistics.quantiles(per_round, n=4, method="inclusive")
+    return q2, q1, q3
+
+
+def round_speedup_iqr(timed: Timed, pt: Point, plain: Point) -> tuple[float, float]:
+    """(first, third) quartile of the per-round end-to-end speed-up (``per_round_speedup``)."""
+    ratio = sum(map(len, timed.tokens[pt])) / sum(map(len, timed.tokens[plain]))
+    return per_round_speedup(timed.seconds[pt], timed.seconds[plain], ratio)[1:]
+
+
+def quick_checks(rows: list[dict], recompiles: int) -> list[str]:
+    """``self_checks`` for a run that times no pieces (``make demo``): why its figures are not a
+    result (empty: none found). Rows: plain first, then ``name``, ``tokens``, ``speedup``,
+    ``tau`` per speculative configuration (greedy). Fires for tokens that differ from plain
+    greedy's, a speed-up above τ (a verify window costs at least a step, so none can exceed
+    τ), and compiles during the timed rounds."""
+    found = [f"{recompiles} compiles during the timed rounds"] if recompiles else []
+    base = rows[0]
+    for r in rows[1:]:
+        if r["tokens"] != base["tokens"]:
+            found.append(f"{r['name']}: tokens differ from plain greedy")
+        if r["speedup"] > r["tau"]:
+            found.append(f"{r['name']}: speed-up {r['speedup']:.2f} above its tau {r['tau']:.2f}")
+    return found
 
 
 EFFICIENCY_RANGE = (0.8, 1.1)
