@@ -160,3 +160,15 @@ def test_non_utf8_argv_bytes_reach_the_byte_tokenizer_through_the_cli(tmp_path):
     assert got["prompt_ids"] == list(prompt)  # what generate passed to the decoder
     assert len(got["tokens"]) == 2
     assert done.stdout.startswith(prompt)  # the echo: the user's own bytes
+
+
+def test_the_demo_prints_its_table_with_iqr_and_a_verdict():
+    done = run_tool("generate", "--demo", "--num_draft=2", "--rounds=2", "--max_new_tokens=24")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    rows = [line for line in out.splitlines() if line.startswith(("plain greedy", "mtp k=2"))]
+    assert len(rows) == 2 and rows[0].split()[-1] == "True" and rows[1].split()[-1] == "True"
+    assert "(" in rows[1] and "-" in rows[1]  # the IQR column
+    assert "other processes and steal during the rounds" in out
+    verdict = [line for line in out.splitlines() if line.startswith(("best:", "INVALID RUN"))]
+    assert len(verdict) == 1, out[-2000:]
