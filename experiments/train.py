@@ -22,7 +22,14 @@ them as an HF directory); per-step metrics (losses, learning rate) in WORKDIR/me
 TensorBoard events in WORKDIR/tb. Progress: a bar with ETA on a terminal, else a line every
 --log_every steps with tok/s (compile and evaluation excluded) and ETA. Kill it at any point (even
 SIGKILL) and start the same command again: it resumes from the last checkpoint with the same data
-order and loss curve.
+order and loss curve. Started again with a larger --steps, it trains on to the new total; the
+learning-rate schedule stays the run's own (cosine decay to the first --steps, then its final
+rate; logged, and recorded as decay_steps in WORKDIR/train_config.json). Any other changed
+hyper-parameter is refused (--allow_config_change to continue anyway).
+
+Too little text for --seq_len (each split needs seq_len + 1 tokens) is an error naming the token
+counts; one small file or a few short documents are split by tokens (the last 10 % of them held
+out, at least one sequence) when a split by document cannot give each split a sequence.
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ flags.DEFINE_integer("batch", 16, "Sequences per batch.")
 flags.DEFINE_integer("seq_len", 128, "Tokens per sequence.")
 flags.DEFINE_float("lr", 3e-3, "Peak learning rate.")
 flags.DEFINE_integer("warmup", 50, "Warm-up steps.")
+flags.DEFINE_integer(
+    "decay_steps", None, "Step the cosine decay ends at (default: --steps; a resume with a larger "
+    "--steps keeps the run's own and trains on at the final rate).",
+)  # fmt: skip
 flags.DEFINE_float("mtp_weight", 0.5, "Weight of the MTP loss (joint phase).")
 flags.DEFINE_integer(
     "mtp_depth", 1, "Train the MTP head chained on its own output over this many drafts, as the "
@@ -115,6 +126,7 @@ def main(argv):
         seq_len=FLAGS.seq_len,
         lr=FLAGS.lr,
         warmup=FLAGS.warmup,
+        decay_steps=FLAGS.decay_steps,
         mtp_weight=FLAGS.mtp_weight,
         mtp_depth=FLAGS.mtp_depth,
         phase=FLAGS.phase,
@@ -125,15 +137,15 @@ def main(argv):
         log_every=FLAGS.log_every,
     )
     if FLAGS.data:
-        corpus = load_text(FLAGS.data, tokenizer)
-        what = f"{FLAGS.data} ({len(corpus.eval_files)} held-out documents)"
+        corpus = load_text(FLAGS.data, tokenizer, seq_len=FLAGS.seq_len)
+        what = f"{FLAGS.data} (split {corpus.split})"
     elif model.vocab_size != ByteTokenizer.vocab_size:
         raise app.UsageError(
             f"the model's vocabulary is {model.vocab_size}, not bytes: give --data (its text)"
         )
     else:
         root = pathlib.Path(FLAGS.corpus_root) if FLAGS.corpus_root else None
-        corpus = load_corpus(FLAGS.manifest, root=root)
+        corpus = load_corpus(FLAGS.manifest, root=root, seq_len=FLAGS.seq_len)
         what = "the stdlib corpus"
     print(f"model: {dataclasses.asdict(model)}")
     print(f"data: {what}: {len(corpus.train):,} train tokens, {len(corpus.eval):,} held-out")

@@ -18,7 +18,8 @@ often).
 Resume: an orbax ``CheckpointManager`` keeps the last checkpoints of {params, opt_state}; batches
 are a pure function of (seed, step) (``data.batch_at``), so a run killed at any point and started
 again with the same arguments continues with the same data order and the same loss curve.
-``metrics.jsonl`` in the work directory holds one line per step (rewound on resume).
+``metrics.jsonl`` in the work directory holds one line per step (rewound on resume). Started again
+with a larger ``steps``, a run continues to the new total on its own schedule (``resume``).
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ from mtpspec.models import init_params
 from mtpspec.models.inference import check_finite
 from mtpspec.models.params import check_param_tree, param_shapes
 from mtpspec.training import data as data_lib
+from mtpspec.training import resume
 from mtpspec.training.losses import losses, mtp_loss
+
+# where they were defined before resume.py
+RESUMABLE_CHANGES, TRAIN_CONFIG_FILE = resume.RESUMABLE_CHANGES, resume.TRAIN_CONFIG_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +70,7 @@ class TrainConfig:
     phase: str = "joint"  # "joint" | "mtp_only"
     loss: str = "ce"  # the MTP head's loss: "ce" (data) | "distill" (mtp_only: the trunk's law)
     seed: int = 0
+    decay_steps: int | None = None  # the cosine decay's end; None: ``steps`` (resume.py)
     save_every: int = 100
     eval_every: int = 100
     eval_batches: int = 4
@@ -97,14 +103,22 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.lr == 0:
             raise ValueError("lr must be > 0 (a zero learning rate trains nothing)")
+        decay = self.decay_steps
+        if decay is not None and (
+            isinstance(decay, bool) or not isinstance(decay, int | np.integer) or decay < 1
+        ):
+            raise ValueError(f"decay_steps must be None or an int >= 1, got {decay!r}")
         if self.mtp_depth >= self.seq_len:
             raise ValueError(f"mtp_depth ({self.mtp_depth}) must be below seq_len ({self.seq_len})")
 
 
 def learning_rate(tc: TrainConfig):
-    """The schedule: linear warm-up to ``lr``, cosine decay to 5 % of it at ``steps``."""
+    """The schedule: linear warm-up to ``lr``, cosine decay to 5 % of it at ``decay_steps``
+    (``steps`` unless set: a resumed run with a larger ``steps`` keeps its first total, and
+    trains on at 5 %), constant after."""
+    decay = tc.decay_steps or tc.steps
     return optax.warmup_cosine_decay_schedule(
-        0.0, tc.lr, warmup_steps=tc.warmup, decay_steps=max(tc.steps, tc.warmup + 1),
+        0.0, tc.lr, warmup_steps=tc.warmup, decay_steps=max(decay, tc.warmup + 1),
         end_value=tc.lr * 0.05,
     )  # fmt: skip
 
@@ -288,85 +302,6 @@ def _progress(start: int, total: int, primary: bool):
     return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
 
 
-def _read_metrics(path: pathlib.Path, upto: int, log=_no_log) -> list[dict]:
-    """The metrics rows of steps <= ``upto``. A torn last line (a crash mid-write) is dropped and
-    said; an unreadable line before it is a ValueError naming the file and line."""
-    if not path.exists():
-        return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                raise ValueError("not a metrics row")
-        except ValueError as e:
-            if i == len(lines) - 1:
-                log(f"dropped a torn last line of {path} ({line[:40]!r}...)")
-                break
-            raise ValueError(
-                f"{path} line {i + 1} is not a metrics row ({e}): {line[:80]!r}"
-            ) from e
-        rows.append(row)
-    return [r for r in rows if r["step"] <= upto]
-
-
-def _rewrite(path: pathlib.Path, text: str) -> None:
-    """Replace ``path``'s contents atomically (write beside, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-# Fields a resumed run may change (they do not change what is trained); any other change is
-# refused unless train(..., allow_config_change=True).
-RESUMABLE_CHANGES = frozenset({"save_every", "eval_every", "log_every", "eval_batches"})
-TRAIN_CONFIG_FILE = "train_config.json"
-
-
-def _check_resume_config(workdir: pathlib.Path, tc: TrainConfig, allow: bool, log, write: bool):
-    """Record ``tc`` in the work directory (``write``: process 0); on resume, refuse a changed
-    hyper-parameter (it would silently mix two schedules in one run) unless ``allow``."""
-    path = workdir / TRAIN_CONFIG_FILE
-    now = dataclasses.asdict(tc)
-    if path.exists():
-        try:
-            before = json.loads(path.read_text())
-        except ValueError as e:
-            raise ValueError(f"{path} is not valid JSON ({e}); remove it to resume anyway") from e
-        # a field added since the directory was recorded counts as its default (an older run of
-        # this code trained with it)
-        before = {**{f.name: f.default for f in dataclasses.fields(TrainConfig)}, **before}
-        changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
-        changed = [k for k in changed if k not in RESUMABLE_CHANGES]
-        if changed and not allow:
-            diffs = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed)
-            raise ValueError(
-                f"resuming {workdir} with changed hyper-parameters ({diffs}); pass "
-                "allow_config_change=True (--allow_config_change) to continue anyway"
-            )
-        if changed:
-            log(f"resuming with changed hyper-parameters: {', '.join(changed)}")
-    if write:
-        _rewrite(path, json.dumps(now, indent=2) + "\n")
-
-
-def _restore_latest(manager, params, opt_state, log):
-    """(params, opt_state, step) from the newest checkpoint that restores; an unreadable one is
-    skipped and said (the previous one is used). (params, opt_state, 0) when there is none."""
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt": opt_state})
-    for step in sorted(manager.all_steps(), reverse=True):
-        try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        except Exception as e:  # noqa: BLE001 - any unreadable checkpoint: fall back, loudly
-            log(f"checkpoint at step {step} cannot be restored ({type(e).__name__}: {e}); "
-                "trying the previous one")  # fmt: skip
-            continue
-        log(f"resumed from step {step}")
-        return restored["params"], restored["opt"], step
-    return params, opt_state, 0
-
-
 def _check_mesh_batch(mesh, tc: TrainConfig):
     if mesh is None:
         return None
@@ -391,6 +326,23 @@ def _initial_params(config: ModelConfig, tc: TrainConfig, init, mesh) -> dict:
     return params
 
 
+def _resume(workdir: pathlib.Path, tc: TrainConfig, manager, params, opt_state, primary, log):
+    """(params, opt_state, start) from the newest checkpoint that restores; ``tc`` recorded and
+    metrics.jsonl rewound to ``start`` (process 0). ValueError when the run is past ``tc.steps``."""
+    params, opt_state, start = resume.restore_latest(manager, params, opt_state, log)
+    try:
+        resume.check_start(workdir, start, tc, log)
+    except ValueError:
+        manager.close()
+        raise
+    if primary:
+        resume.record_config(workdir, tc)
+        metrics_path = workdir / "metrics.jsonl"
+        kept = resume.read_metrics(metrics_path, start, log)
+        resume.rewrite(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    return params, opt_state, start
+
+
 def train(
     config: ModelConfig,
     tc: TrainConfig,
@@ -413,12 +365,16 @@ def train(
     written and restored in that layout (orbax, per shard).
     Resuming: from the newest checkpoint that restores (an unreadable one is skipped, and said);
     ``workdir/train_config.json`` records ``tc``, and a resume with other hyper-parameters
-    (besides the intervals in ``RESUMABLE_CHANGES``) is refused unless ``allow_config_change``.
-    metrics.jsonl is rewound atomically; a torn last line is dropped."""
+    (besides the intervals in ``RESUMABLE_CHANGES``) is refused unless ``allow_config_change``;
+    a changed ``steps`` continues on the run's own schedule (``resume``, logged and recorded).
+    metrics.jsonl is rewound atomically; a torn last line is dropped. ValueError before any
+    device work when a split of ``corpus`` holds no ``tc.seq_len`` window."""
     mesh = _check_mesh_batch(mesh, tc)  # before any device work
+    data_lib.check_split(corpus.train, "training", tc.seq_len)
+    data_lib.check_split(corpus.eval, "held-out", tc.seq_len)
     workdir = pathlib.Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    _check_resume_config(workdir, tc, allow_config_change, log, write=jax.process_index() == 0)
+    tc = resume.check_resume_config(workdir, tc, allow_config_change, log, learning_rate)
     optimizer = make_optimizer(tc)
     params = _initial_params(config, tc, init, mesh)
     opt_state = init_opt_state(config, optimizer, params, mesh=mesh)
@@ -430,11 +386,8 @@ def train(
         workdir / "checkpoints",
         options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
     )
-    params, opt_state, start = _restore_latest(manager, params, opt_state, log)
+    params, opt_state, start = _resume(workdir, tc, manager, params, opt_state, primary, log)
     metrics_path = workdir / "metrics.jsonl"
-    if primary:
-        kept = _read_metrics(metrics_path, start, log)
-        _rewrite(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     train_step = make_train_step(config, tc, optimizer, mesh=mesh)
     held = data_lib.eval_batches(
         corpus.eval, batch=tc.batch, seq_len=tc.seq_len, count=tc.eval_batches
