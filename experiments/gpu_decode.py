@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import statistics
 import sys
 import time
 
@@ -40,6 +39,7 @@ from mtpspec import analysis, checkpoints
 from mtpspec import config as C
 from mtpspec.analysis import pieces
 from mtpspec.analysis.sweep import Point, round_speedup_iqr, throughput
+from mtpspec.analysis.timing import median_seconds
 from mtpspec.decoding.stats import pooled
 from mtpspec.models import params as P
 
@@ -82,17 +82,10 @@ def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
     """Device memory bandwidth (bytes read + written per second) of an elementwise pass."""
     x = jax.random.uniform(jax.random.key(1), (nbytes // 4,), jnp.float32)
     f = jax.jit(lambda a: a * 1.0001 + 0.5)
-    jax.block_until_ready(f(x))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(x))
-        times.append(time.perf_counter() - t0)
-    del x
-    return 2 * nbytes / statistics.median(times)
+    return 2 * nbytes / median_seconds(f, x, repeats=repeats, warmup=1)
 
 
-def step_bytes(config, params) -> int:
+def step_bytes(params) -> int:
     """Weight bytes one plain decode step reads: every parameter but the MTP layer (the tied
     embedding counted once: the LM head reads all of it, the lookup one row)."""
     return pieces.tree_bytes({k: v for k, v in params.items() if k != "mtp"})
@@ -178,8 +171,9 @@ TASKS = (
 )
 
 
-def run_task(models: dict, part: str, task: str, arg, cfg: dict) -> dict:
-    """One task's JSON-able result (and ``failures``, popped by the caller)."""
+def run_task(models: dict, part: str, task: str, arg, cfg: dict, done: dict) -> dict:
+    """One task's JSON-able result (and ``failures``, popped by the caller); ``done``: the
+    part's results so far."""
     config, params, prompts = models[part]
     if task in ("sweep", "trees"):
         rows, failures = sweep_rows(config, params, prompts, arg, cfg)
@@ -190,8 +184,9 @@ def run_task(models: dict, part: str, task: str, arg, cfg: dict) -> dict:
         out = windows(config, params, prompts[0], cfg["window_rows"], arg or [(1,)])
     else:  # roofline: a plain step (timed in "windows") against weight bytes ÷ bandwidth
         bw = copy_bandwidth(cfg["copy_bytes"])
-        nbytes = step_bytes(config, params)
-        step = cfg["results"][part].get("windows", {}).get("plain_step_s", float("nan"))
+        nbytes = step_bytes(params)
+        timed = done.get("windows")
+        step = timed["plain_step_s"] if isinstance(timed, dict) else float("nan")
         out = {
             "copy_bandwidth_GBps": bw / 1e9,
             "step_weight_bytes": nbytes,
@@ -245,7 +240,6 @@ def run(cfg: dict) -> dict:
         "parts": {},
         "failures": [],
     }
-    cfg = {**cfg, "results": result["parts"]}
     models: dict = {}
     for part, task, arg in TASKS:
         if part not in cfg["parts"]:
@@ -261,7 +255,7 @@ def run(cfg: dict) -> dict:
                 res["params"] = int(sum(np.prod(x.shape) for x in jax.tree.leaves(params)))
                 res.update(dtype=config.dtype, vocab=config.vocab_size, prompts=len(prompts))
                 print(f"[{part}] {res['params'] / 1e6:.1f}M params, {config.dtype}", flush=True)
-            res[task] = run_task(models, part, task, arg, cfg)
+            res[task] = run_task(models, part, task, arg, cfg, res)
             if isinstance(res[task], dict) and "failures" in res[task]:
                 result["failures"] += res[task].pop("failures")
         except Exception as e:  # noqa: BLE001 - recorded and reported; the other tasks still run
