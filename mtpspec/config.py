@@ -316,27 +316,36 @@ def qwen3_next_80b_a3b(**overrides) -> ModelConfig:
     return dataclasses.replace(base, **overrides)
 
 
-def qwen3_5_27b(**overrides) -> ModelConfig:
-    """The shape of the dense hybrid Qwen3.5-27B (its published text_config): 64 layers, full
-    attention every 4th, 24 query / 4 KV heads, 16 / 48 GDN heads, one MTP layer, bf16."""
-    base = ModelConfig(
+def _qwen3_5_dense(layers: int, **fields) -> ModelConfig:
+    """A published dense Qwen3.5 text shape: full attention every 4th layer, 248,320-token
+    vocabulary, heads of 256 (attention) and 16 × 128 (GDN keys), one MTP layer, bf16."""
+    return ModelConfig(
         family="qwen3_5",
         vocab_size=248320,
-        hidden_size=5120,
-        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(64)),
-        mlp_types=("dense",) * 64,
-        num_attention_heads=24,
-        num_key_value_heads=4,
+        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(layers)),
+        mlp_types=("dense",) * layers,
         head_dim=256,
         rope_theta=10_000_000.0,
         partial_rotary_factor=0.25,
         linear_num_key_heads=16,
-        linear_num_value_heads=48,
         linear_key_head_dim=128,
         linear_value_head_dim=128,
+        dtype="bfloat16",
+        **fields,
+    )
+
+
+def qwen3_5_27b(**overrides) -> ModelConfig:
+    """The shape of the dense hybrid Qwen3.5-27B (its published text_config): 64 layers, full
+    attention every 4th, 24 query / 4 KV heads, 16 / 48 GDN heads, one MTP layer, bf16."""
+    base = _qwen3_5_dense(
+        64,
+        hidden_size=5120,
+        num_attention_heads=24,
+        num_key_value_heads=4,
+        linear_num_value_heads=48,
         intermediate_size=17408,
         tie_word_embeddings=False,
-        dtype="bfloat16",
     )
     return dataclasses.replace(base, **overrides)
 
@@ -346,23 +355,13 @@ def qwen3_5_0_8b(**overrides) -> ModelConfig:
     attention every 4th (18 GDN + 6 gated attention), H 1024, FFN 3584, 16 × 128 GDN key and value
     heads, 8 query / 2 KV heads of 256, a 248,320-token vocabulary with tied embeddings, one MTP
     layer, bf16."""
-    base = ModelConfig(
-        family="qwen3_5",
-        vocab_size=248320,
+    base = _qwen3_5_dense(
+        24,
         hidden_size=1024,
-        layer_types=tuple(FULL if i % 4 == 3 else LINEAR for i in range(24)),
-        mlp_types=("dense",) * 24,
         num_attention_heads=8,
         num_key_value_heads=2,
-        head_dim=256,
-        rope_theta=10_000_000.0,
-        partial_rotary_factor=0.25,
-        linear_num_key_heads=16,
         linear_num_value_heads=16,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
         intermediate_size=3584,
         tie_word_embeddings=True,
-        dtype="bfloat16",
     )
     return dataclasses.replace(base, **overrides)
