@@ -52,6 +52,26 @@ def subprocess_env(*, optimised: bool = False) -> dict[str, str]:
     return env
 
 
+def tiny_training_run(seq_len: int = 16):
+    """(config, corpus, TrainConfig) of a tiny training run the reliability tests resume and
+    break: a 2-layer hybrid with a 128-token vocabulary on 4,000 random training and 800
+    held-out tokens, 3 steps of batch 2, a checkpoint every step."""
+    import numpy as np
+
+    from mtpspec import config as C
+    from mtpspec.training import TrainConfig
+    from mtpspec.training import data as data_lib
+
+    config = C.tiny_hybrid(vocab_size=128, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    rng = np.random.default_rng(5)
+    corpus = data_lib.Corpus(
+        rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
+    )
+    tc = TrainConfig(steps=3, batch=2, seq_len=seq_len, warmup=1, save_every=1, eval_every=3,
+                     eval_batches=1, log_every=1)  # fmt: skip
+    return config, corpus, tc
+
+
 # The 8-device sharding tests run in their own process (tests/test_sharding.py starts it with
 # MTPSPEC_MULTIDEVICE=1 and 8 simulated CPU devices); the main session does not collect them.
 collect_ignore = [] if os.environ.get("MTPSPEC_MULTIDEVICE") == "1" else ["multidevice"]

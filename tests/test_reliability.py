@@ -14,6 +14,7 @@ from mtpspec import config as C
 from mtpspec import models, ops
 from mtpspec.decoding.sampling import filtered_log_probs, seed_key
 from tests import faults
+from tests.conftest import tiny_training_run
 from tests.gdn_testing import random_gdn_inputs
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
@@ -298,17 +299,7 @@ def test_a_failed_hf_export_overwrite_leaves_the_previous_export_intact(
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    from mtpspec.training import TrainConfig
-    from mtpspec.training import data as data_lib
-
-    config = C.tiny_hybrid(vocab_size=128, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
-    rng = np.random.default_rng(5)
-    corpus = data_lib.Corpus(
-        rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
-    )
-    tc = TrainConfig(steps=3, batch=2, seq_len=16, warmup=1, save_every=1, eval_every=3,
-                     eval_batches=1, log_every=1)  # fmt: skip
-    return config, corpus, tc
+    return tiny_training_run()
 
 
 def _train(tiny_run, workdir, **kw):

@@ -34,8 +34,8 @@ import sys
 import numpy as np
 import pytest
 
-from mtpspec import config as C
 from tests import conftest, faults
+from tests.conftest import tiny_training_run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SEQ = 16  # the resume cases' seq_len
@@ -131,17 +131,7 @@ def test_too_little_text_for_seq_len_is_a_clear_error(tmp_path, make, seq_len, w
 
 @pytest.fixture(scope="module")
 def tiny():
-    from mtpspec.training import TrainConfig
-    from mtpspec.training import data as data_lib
-
-    config = C.tiny_hybrid(vocab_size=128, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
-    rng = np.random.default_rng(5)
-    corpus = data_lib.Corpus(
-        rng.integers(0, 128, 4000).astype(np.uint8), rng.integers(0, 128, 800).astype(np.uint8), []
-    )
-    tc = TrainConfig(steps=3, batch=2, seq_len=SEQ, warmup=1, save_every=1, eval_every=3,
-                     eval_batches=1, log_every=1)  # fmt: skip
-    return config, corpus, tc
+    return tiny_training_run(SEQ)
 
 
 def _train(tiny, workdir, corpus=None, allow=False, **changes) -> list[str]:
