@@ -91,6 +91,7 @@ def run(config, params, prompts, proposer, k, commit, **kw):
     spec = spec_config(proposer, k, commit)
     first = mtpspec.generate(config, params, prompts[:1], speculative=spec, **kw)  # compile
     row = {
+        "name": f"{proposer} k={k} {commit}" if spec else "plain greedy",
         "proposer": proposer,
         "num_draft": k if spec else 0,
         "commit": commit if spec else None,
@@ -128,7 +129,6 @@ def round_robin(runs, rounds: int) -> tuple[list[dict], float, int]:
         share = sum(map(len, row["tokens"])) / sum(map(len, base["tokens"]))
         row["speedup"], *iqr = per_round_speedup(row["round_s"], base["round_s"], share)
         row["speedup_iqr"] = tuple(iqr)
-        row["name"] = f"{row['proposer']} k={row['num_draft']}"
     return rows, load.other, recompiles
 
 
@@ -170,11 +170,10 @@ def demo(mesh=None):
     )
     for r in rows:
         plain = r["proposer"] == "none"
-        name = "plain greedy" if plain else f"{r['proposer']} k={r['num_draft']} {r['commit']}"
         tau = "-" if plain else f"{r['tau']:.2f}"
         iqr = "" if plain else "({:.2f}-{:.2f})".format(*r["speedup_iqr"])
         print(
-            f"{name:<22} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f}x {iqr:>11} {tau:>6} "
+            f"{r['name']:<22} {r['tokens_per_s']:>8.1f} {r['speedup']:>7.2f}x {iqr:>11} {tau:>6} "
             f"{r['compile_s']:>10.1f}  {r['tokens'] == base['tokens']}"
         )
     print(
