@@ -16,13 +16,15 @@ Table of contents:
   mtpspec.analysis     timing, cost pieces, sweeps, the acceptance model, plots
 
   mtpspec.generate, mtpspec.SpecConfig   the main entry points (docs/design.md in the repository)
+  mtpspec.DraftVocab   the ids the MTP proposer drafts among (SpecConfig.draft_vocab)
 """
 
 from mtpspec import checkpoints, config, decoding, models, ops, sharding, text
 from mtpspec.config import ModelConfig
-from mtpspec.decoding import GenerateResult, SpecConfig, generate, generate_stream
+from mtpspec.decoding import DraftVocab, GenerateResult, SpecConfig, generate, generate_stream
 
 __all__ = [
+    "DraftVocab",
     "GenerateResult",
     "ModelConfig",
     "SpecConfig",

@@ -2,6 +2,7 @@
 
 api.py        generate / generate_stream / prepare (the public entry points)
 spec.py       SpecConfig, DEFAULT_COMMIT
+draft_vocab.py  DraftVocab: the ids a proposer drafts among (verification keeps the full vocabulary)
 program.py    the jitted program: prefill + while_loop of verify steps, the compile cache
 stages.py     the stages of one step: verify, accept, commit, emit
 proposers/    one module per proposer behind one protocol (mtp, ngram, draft)
@@ -23,6 +24,7 @@ from mtpspec.decoding.api import (
     stream_steps,
 )
 from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window, rewind_kv_only
+from mtpspec.decoding.draft_vocab import DraftVocab
 from mtpspec.decoding.host import BUCKET, default_capacity
 from mtpspec.decoding.proposers.ngram import ngram_propose
 from mtpspec.decoding.spec import DEFAULT_COMMIT, DEFAULT_NUM_DRAFT, SpecConfig
@@ -32,6 +34,7 @@ __all__ = [
     "COMMIT_STRATEGIES",
     "DEFAULT_COMMIT",
     "DEFAULT_NUM_DRAFT",
+    "DraftVocab",
     "GenerateResult",
     "Prepared",
     "SpecConfig",

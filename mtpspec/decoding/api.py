@@ -128,7 +128,9 @@ def prepare(
         return_logprobs,
         attention,
     )
-    pparams = key.proposer.device_params(speculative) if key.proposer is not None else None
+    pparams = None
+    if key.proposer is not None:
+        pparams = key.proposer.device_params(speculative, key, params)
     args = host.device_args(key, params, pparams, arrays)
     return Prepared(key, args, len(prompts), max_new_tokens)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from mtpspec.config import ModelConfig
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.decoding.draft_vocab import DraftVocab
 from mtpspec.models.tree import check_tree
 from mtpspec.ops import GDN_METHODS
 
@@ -22,6 +23,7 @@ DEFAULT_COMMIT = "replay"
 DEFAULT_NUM_DRAFT = 2
 VERIFY_METHODS = GDN_METHODS
 TREE_PROPOSERS = ("mtp", "ngram", "draft")  # the proposers that draft trees
+DRAFT_VOCAB_PROPOSERS = ("mtp",)  # the proposers that draft among a ``DraftVocab``
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -40,6 +42,10 @@ class SpecConfig:
     (``models.tree``); proposers "mtp" and "draft" (greedy: the top b_i children; sampling:
     b_i i.i.d. draws) and "ngram" (the distinct continuations in the history), verified
     losslessly when sampling (``sampling.tree_speculative_accept``).
+    draft_vocab: None (draft among the whole vocabulary) or a ``DraftVocab``: the MTP proposer
+    drafts among its ids only (each draft's LM head is its size, not the vocabulary's);
+    verification stays over the full vocabulary, so greedy output is unchanged and sampling stays
+    lossless (``decoding.draft_vocab``). Chains only, so far.
 
     Two SpecConfigs are equal (and hash alike) when every setting is equal and ``draft_params``
     is the same object (weights are compared by identity: comparing arrays element by element
@@ -55,6 +61,7 @@ class SpecConfig:
     draft_config: ModelConfig | None = None
     draft_params: Any = None
     tree: tuple[int, ...] | None = None
+    draft_vocab: DraftVocab | None = None
 
     def _settings(self) -> tuple:
         fields = dataclasses.fields(self)
@@ -100,4 +107,23 @@ class SpecConfig:
                     f"tree speculation runs with the proposers {TREE_PROPOSERS} so far, "
                     f"not {self.proposer!r}"
                 )
+        if self.draft_vocab is not None:
+            self._check_draft_vocab(config)
         proposers.lookup(self.proposer).check(self, config, params)
+
+    def _check_draft_vocab(self, config: ModelConfig) -> None:
+        dv = self.draft_vocab
+        if not isinstance(dv, DraftVocab):
+            raise TypeError(f"draft_vocab must be a DraftVocab or None, got {type(dv).__name__}")
+        if self.proposer not in DRAFT_VOCAB_PROPOSERS:
+            raise ValueError(
+                f"draft_vocab applies to the proposers {DRAFT_VOCAB_PROPOSERS}, "
+                f"not {self.proposer!r}"
+            )
+        if self.tree is not None:
+            raise ValueError("draft_vocab applies to chains so far; leave tree=None")
+        if dv.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"draft_vocab was made for a vocabulary of {dv.vocab_size} ids; this model has "
+                f"{config.vocab_size}"
+            )

@@ -87,8 +87,9 @@ class Proposer:
         """The (hashable) instance for a validated ``SpecConfig``."""
         return cls()
 
-    def device_params(self, spec) -> Any:
-        """The proposer's own traced arguments (weights), or None."""
+    def device_params(self, spec, s, params) -> Any:
+        """The proposer's own traced arguments (weights), or None, for the validated ``spec``,
+        the program key ``s`` and the target's canonical ``params``."""
         return None
 
     def shard_params(self, pparams, mesh) -> Any:

@@ -79,7 +79,7 @@ class DraftModelProposer(Proposer):
     def from_spec(cls, spec) -> DraftModelProposer:
         return cls(spec.draft_config)
 
-    def device_params(self, spec):
+    def device_params(self, spec, s, params):
         return spec.draft_params
 
     def shard_params(self, pparams, mesh):

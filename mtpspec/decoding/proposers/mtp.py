@@ -10,7 +10,9 @@ one row behind the target once caught up).
   propose        draft 1 from that hidden through the shared LM head; drafts 2..k chain the MTP
                  module on its own output hidden (vLLM's rule) on a throw-away copy of the cache;
                  with a tree (``SpecConfig.tree``), the top-b_i children of every node, chained
-                 along each branch (``models.mtp_tree``)
+                 along each branch (``models.mtp_tree``); with a draft vocabulary
+                 (``SpecConfig.draft_vocab``) every draft's LM head is the subset's rows
+                 (``DraftHead``) and q is scattered back onto the full vocabulary
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 from mtpspec.decoding.sampling import draft_probs, sample_rows
+from mtpspec.models import inference
 from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
 from mtpspec.models.mtp_tree import greedy_select, mtp_tree_drafts, top_b
 
@@ -32,15 +35,62 @@ class MTPState(NamedTuple):
     hidden: jax.Array  # [b, 1, H] MTP output hidden of the last folded-in row
 
 
+class DraftHead(NamedTuple):
+    """The LM head restricted to a draft vocabulary: ``ids`` [N] int32 and their rows of the
+    head as a ``Linear`` [H -> N] (made once per weights and vocabulary: ``inference.MEMO``)."""
+
+    ids: jax.Array
+    head: inference.Linear
+
+
+def draft_head(config, params, ids, linear: str) -> DraftHead:
+    """The subset head of a canonical ``params`` (the tied embedding's rows, or lm_head's columns)
+    for a resolved linear implementation."""
+    idx = jnp.asarray(ids, jnp.int32)
+    if config.tie_word_embeddings:
+        w = jnp.take(params["embed"], idx, axis=0).T
+    else:
+        w = jnp.take(params["lm_head"], idx, axis=1)
+    return DraftHead(idx, inference.Linear.of(w, linear))
+
+
+def scatter_q(q: jax.Array, ids: jax.Array, vocab: int) -> jax.Array:
+    """The draft distribution over the subset [..., N] as one over the vocabulary [..., V]
+    (zero outside the subset); greedy's empty q stays empty."""
+    if q.shape[-1] == 0:
+        return q
+    return jnp.zeros(q.shape[:-1] + (vocab,), q.dtype).at[..., ids].set(q)
+
+
 @register
 @dataclasses.dataclass(frozen=True)
 class MTPProposer(Proposer):
     name: ClassVar[str] = "mtp"
+    vocab_size: int = 0  # the draft vocabulary's size (part of the program); 0: the full head
 
     @classmethod
     def check(cls, spec, config, params) -> None:
         if not config.mtp_num_layers or "mtp" not in params:
             raise ValueError("proposer='mtp' needs a model with an MTP head (mtp.* weights)")
+
+    @classmethod
+    def from_spec(cls, spec) -> MTPProposer:
+        return cls(spec.draft_vocab.size if spec.draft_vocab is not None else 0)
+
+    def device_params(self, spec, s, params):
+        if spec.draft_vocab is None:
+            return None
+        dv = spec.draft_vocab
+        return inference.MEMO.cached(
+            ("draft_head", s.config, dv, s.linear),
+            params,
+            lambda: draft_head(s.config, params, dv.ids, s.linear),
+        )
+
+    def shard_params(self, pparams, mesh):
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return jax.device_put(pparams, NamedSharding(mesh, PartitionSpec()))
 
     def _fold(self, s, params, state, hidden, next_tokens, n):
         y, state = mtp_window_hidden_impl(s.config, params, state, hidden, next_tokens, n)
@@ -58,6 +108,8 @@ class MTPProposer(Proposer):
             select = greedy_select if s.sampling.greedy else sampled_children(key)
             drafts, q = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, select)
             return Proposal(drafts, q)
+        if self.vocab_size:
+            return self._propose_in_vocab(s, params, pparams, pstate, state, key)
         h, tmp = pstate.hidden, state
         one = jnp.ones_like(state.lengths)
 
@@ -71,6 +123,24 @@ class MTPProposer(Proposer):
         drafts, q = base.select_drafts(s, logits_fn, key, s.k)
         # the chained drafts' rows stay in the MTP cache past its length (never read; the next
         # fold writes over them): no copy of the cache per step
+        return Proposal(drafts, q, state=state._replace(mtp=tmp.mtp))
+
+    def _propose_in_vocab(self, s, params, dh: DraftHead, pstate, state, key) -> Proposal:
+        """The chain with every draft chosen among ``dh.ids`` (logits of the subset head only);
+        the chain feeds each draft's full-vocabulary id to the next MTP step."""
+        h, tmp = pstate.hidden, state
+        one = jnp.ones_like(state.lengths)
+
+        def logits_fn(i, previous):
+            nonlocal h, tmp
+            if i > 0:
+                token = dh.ids[previous][:, None]
+                h, tmp = mtp_window_hidden_impl(s.config, params, tmp, h, token, one)
+            return dh.head(h)[:, 0]
+
+        picked, q = base.select_drafts(s, logits_fn, key, s.k)
+        drafts = dh.ids[picked]
+        q = scatter_q(q, dh.ids, s.config.vocab_size)
         return Proposal(drafts, q, state=state._replace(mtp=tmp.mtp))
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
