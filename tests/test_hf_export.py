@@ -463,3 +463,34 @@ def test_export_command_publishes_the_default_model(tmp_path):
     )
     assert bad.returncode != 0 and "family must be one of" in bad.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_conditional_generation_layout_is_the_released_qwen3_5_layout(tmp_path):
+    """layout='conditional_generation' writes what the released Qwen3.5 repos hold (the text
+    weights of the VL-layout fixture, name for name and bit for bit; the nested text_config), and
+    reads back equal; Qwen3-Next has no such layout."""
+    src = os.path.join(FIX, "qwen3_5_vl_layout")
+    config, params = load_hf(src)
+    save_hf(
+        config, params, tmp_path / "vl", max_position_embeddings=512, max_shard_bytes=40_000,
+        layout="conditional_generation",
+    )  # fmt: skip
+    theirs = {k: v for k, v in _files(src).items() if not k.startswith("model.visual.")}
+    ours = _files(tmp_path / "vl")
+    assert sorted(ours) == sorted(theirs)
+    assert all(_bits_equal(ours[k], theirs[k]) for k in theirs)
+    assert (tmp_path / "vl" / "model.safetensors.index.json").is_file()
+    cfg = json.loads((tmp_path / "vl" / "config.json").read_text())
+    fixture_cfg = json.loads(open(os.path.join(src, "config.json")).read())
+    for key in ("architectures", "model_type", "tie_word_embeddings"):
+        assert cfg[key] == fixture_cfg[key], key
+    assert cfg["text_config"]["model_type"] == fixture_cfg["text_config"]["model_type"]
+    got_config, got = load_hf(tmp_path / "vl")
+    assert got_config == config and _tree_bits_equal(got, params)
+    with pytest.raises(ValueError, match="Qwen3.5's"):
+        save_hf(
+            tiny_moe(), _random_params(tiny_moe()), tmp_path / "n", layout="conditional_generation"
+        )
+    with pytest.raises(ValueError, match="unknown layout"):
+        save_hf(config, params, tmp_path / "x", layout="vl")
+    assert not (tmp_path / "n").exists() and not (tmp_path / "x").exists()

@@ -52,6 +52,7 @@ DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
 _ST_DTYPE = {"float32": "F32", "bfloat16": "BF16"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 GENERATION_CONFIG = "generation_config.json"
+LAYOUTS = ("causal_lm", "conditional_generation")
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,6 +221,7 @@ def save_hf(
     generation_config: dict | None = None,
     max_position_embeddings: int = DEFAULT_MAX_POSITION_EMBEDDINGS,
     overwrite: bool = False,
+    layout: str = "causal_lm",
 ) -> list[str]:
     """Write ``(config, params)`` as an HF checkpoint directory that ``load_hf`` and transformers
     read; returns the written file names.
@@ -236,6 +238,11 @@ def save_hf(
     eos_token_id: an int or a list of ints (default: the tokenizer's ``eos_token_ids``); written
       to ``generation_config.json`` (the list) and config.json (the first).
     generation_config: further ``generation_config.json`` entries (e.g. sampling defaults).
+    layout: "causal_lm" (``model.*`` weights, a flat config: ``Qwen3_5ForCausalLM`` /
+      ``Qwen3NextForCausalLM``) or "conditional_generation", the layout of the released Qwen3.5
+      repos (``Qwen3_5ForConditionalGeneration``: the text config nested as ``text_config``, the
+      text weights under ``model.language_model.*``, ``mtp.*`` and ``lm_head.weight`` at the top;
+      no vision tower is written). Qwen3.5 only.
     overwrite: ``path`` must otherwise be absent or an empty directory; with ``overwrite`` the
       files an earlier export wrote there (config, weights, index, shards, tokenizer) are
       replaced. The new files are written beside ``path`` (``<path>.saving``) and moved in only
@@ -249,6 +256,10 @@ def save_hf(
     )
     family = config.family if family is None else family
     dtype = config.dtype if dtype is None else dtype
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    if layout == "conditional_generation" and family != "qwen3_5":
+        raise ValueError(f"layout='conditional_generation' is Qwen3.5's; the family is {family!r}")
     if isinstance(max_shard_bytes, bool) or not isinstance(max_shard_bytes, int):
         raise TypeError(f"max_shard_bytes must be an int, got {type(max_shard_bytes).__name__}")
     if max_shard_bytes < 1:
@@ -265,6 +276,8 @@ def save_hf(
     if eos:
         cfg_dict["eos_token_id"] = eos[0]
         gen["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    if layout == "conditional_generation":
+        cfg_dict, tensors = _conditional_generation(cfg_dict, tensors)
     if gen:
         tok_files = dict(tok_files or {})
         tok_files[GENERATION_CONFIG] = json.dumps(gen, indent=2) + "\n"
@@ -291,6 +304,24 @@ def save_hf(
         raise
     _move_in(staging, path, written)
     return written
+
+
+def _conditional_generation(text: dict, tensors: dict) -> tuple[dict, dict]:
+    """A text model's config and tensors in the released Qwen3.5 wrapper's layout."""
+    top = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "dtype": text["dtype"],
+        "tie_word_embeddings": text["tie_word_embeddings"],
+        "text_config": text,
+    }
+    if text.get("eos_token_id") is not None:
+        top["eos_token_id"] = text["eos_token_id"]
+    inner = "model.language_model."
+    renamed = {
+        (inner + k[len("model.") :] if k.startswith("model.") else k): v for k, v in tensors.items()
+    }
+    return top, renamed
 
 
 def _write_files(path: pathlib.Path, tensors, max_shard_bytes, tok_files, cfg_dict) -> list[str]:

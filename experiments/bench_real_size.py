@@ -1,0 +1,211 @@
+"""Real-size bench: load, memory, prefill, decode and the MTP iteration cost on a checkpoint.
+
+    python -m experiments.make_real_size --out=/tmp/q35                 # the fixture (random)
+    python -m experiments.bench_real_size --checkpoint=/tmp/q35 --draft_vocab=32768
+    python -m experiments.bench_real_size --checkpoint=/tmp/q35 --llama_bench=BIN --gguf=F.gguf
+
+Prints one JSON object (and writes it with ``--json_out``):
+
+  load_s, rss_after_load_gb, rss_peak_gb     load_hf wall time; resident set size (VmRSS) after
+                                             load and the process's peak (getrusage)
+  prefill_tok_s                              a --prompt_len prompt, median over --repeats
+  decode_tok_s                               plain greedy, (n − 1) tokens ÷ (T(n) − T(1)) on a
+                                             short prompt (its prefill and the first token
+                                             subtracted), median over rounds
+  r[name]                                    iteration cost of MTP k drafts in plain steps:
+                                             τ × T(spec) ÷ T(plain) per round-robin round,
+                                             median and IQR; a trained head's speed-up is τ ÷ r
+  tau, same_as_plain                         per configuration (speculative greedy must emit
+                                             plain greedy's tokens)
+  reference                                  against ``real_size_oracle.py``'s reference.npz
+                                             when present: greedy identical, max |Δ log p|
+  llama_cpp                                  llama-bench's pp / tg tok/s on --gguf (optional peer)
+
+``--draft_vocab``: a ``draft_vocab.json`` (``experiments/draft_vocab.py``), or an int N for the N
+lowest ids — a cost-only stand-in for checkpoints with random weights, where no text tells
+which ids are frequent (the drafts' acceptance is then meaningless, their cost is not).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import time
+
+import numpy as np
+from absl import flags
+
+from experiments import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "HF checkpoint directory.", required=True)
+flags.DEFINE_string("dtype", None, "Load as this dtype (default: the checkpoint's).")
+flags.DEFINE_integer("prompt_len", 512, "Prefill benchmark prompt length.")
+flags.DEFINE_integer("new_tokens", 48, "Tokens per decode run.")
+flags.DEFINE_integer("repeats", 2, "Round-robin rounds.")
+flags.DEFINE_list("num_draft", ["1", "2", "3"], "MTP k values to cost.")
+flags.DEFINE_string("draft_vocab", None, "draft_vocab.json path, or an int N (the N lowest ids).")
+flags.DEFINE_string("llama_bench", None, "llama.cpp's llama-bench binary (optional peer).")
+flags.DEFINE_string("gguf", None, "The same checkpoint converted to GGUF, for --llama_bench.")
+cli.define_json_out()
+
+
+def rss_gb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def quartiles(xs: list[float]) -> dict:
+    if len(xs) < 2:
+        return {"median": xs[0], "q1": xs[0], "q3": xs[0]}
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return {"median": q2, "q1": q1, "q3": q3}
+
+
+def load_draft_vocab(value: str | None, vocab_size: int):
+    from mtpspec.decoding.draft_vocab import DraftVocab
+
+    if value is None:
+        return None
+    if value.isdigit():
+        n = int(value)
+        if not 1 <= n <= vocab_size:
+            raise ValueError(f"--draft_vocab={n} must lie in 1..{vocab_size}")
+        return DraftVocab(np.arange(n), vocab_size=vocab_size, source=f"the {n} lowest ids")
+    return DraftVocab.load(value)
+
+
+def llama_cpp(binary: str, gguf: str, prompt_len: int, new: int) -> dict:
+    """llama-bench's pp<prompt_len> and tg<new> tok/s (2 threads, 2 repetitions)."""
+    cmd = [binary, "-m", gguf, "-t", "2", "-p", str(prompt_len), "-n", str(new), "-r", "2"]
+    out = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise OSError(f"llama-bench failed ({out.returncode}): {out.stderr.strip()[-300:]}")
+    rows = json.loads(out.stdout)
+    got = {}
+    for r in rows:
+        kind = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
+        got[kind] = {"tok_s": r["avg_ts"], "stddev": r.get("stddev_ts")}
+    return got
+
+
+def timed(config, params, prompt, n, spec=None) -> tuple[float, list[int], float]:
+    import mtpspec
+
+    r = mtpspec.generate(config, params, [prompt], max_new_tokens=n, speculative=spec)
+    return r.stats["run_s"], r.tokens[0], r.stats["tau"]
+
+
+def main(argv):
+    del argv
+    import jax
+
+    import mtpspec
+    from mtpspec import checkpoints
+
+    t0 = time.perf_counter()
+    config, params = checkpoints.load_hf(FLAGS.checkpoint, dtype=FLAGS.dtype)
+    params = jax.block_until_ready(params)
+    out = {"checkpoint": FLAGS.checkpoint, "dtype": config.dtype}
+    out["load_s"], out["rss_after_load_gb"] = time.perf_counter() - t0, rss_gb()
+    vocab = load_draft_vocab(FLAGS.draft_vocab, config.vocab_size)
+    ref = _reference(FLAGS.checkpoint)
+    rng = np.random.default_rng(1)
+    short = ref["input_ids"][0].tolist() if ref else rng.integers(0, config.vocab_size, 32).tolist()
+    long = rng.integers(0, config.vocab_size, FLAGS.prompt_len).tolist()
+    n = FLAGS.new_tokens
+
+    configs = {"plain": None}
+    for k in map(int, FLAGS.num_draft):
+        configs[f"mtp k={k}"] = mtpspec.SpecConfig(num_draft=k)
+        if vocab is not None:
+            configs[f"mtp k={k} vocab={vocab.size}"] = mtpspec.SpecConfig(
+                num_draft=k, draft_vocab=vocab
+            )
+    jobs = {
+        "prefill": lambda: timed(config, params, long, 1),
+        "first": lambda: timed(config, params, short, 1),
+    }
+    for name, spec in configs.items():
+        jobs[name] = lambda spec=spec: timed(config, params, short, n, spec)
+    for job in jobs.values():  # compile (and pack) everything before any timing
+        job()
+    out["rss_after_first_decode_gb"] = rss_gb()
+    seconds = {name: [] for name in jobs}
+    tokens, taus = {}, {}
+    before = mtpspec.decoding.compile_count()
+    for _ in range(FLAGS.repeats):
+        for name, job in jobs.items():
+            s, toks, tau = job()
+            seconds[name].append(s)
+            tokens[name], taus[name] = toks, tau
+    out["recompiles_while_timed"] = mtpspec.decoding.compile_count() - before
+    out["prefill_tok_s"] = FLAGS.prompt_len / statistics.median(seconds["prefill"])
+    decode = [(n - 1) / (p - f) for p, f in zip(seconds["plain"], seconds["first"])]
+    out["decode_tok_s"] = quartiles(decode)
+    plain_decode = [p - f for p, f in zip(seconds["plain"], seconds["first"])]
+    out["configs"] = {}
+    for name in configs:
+        if name == "plain":
+            continue
+        r = [
+            taus[name] * (s - f) / p
+            for s, f, p in zip(seconds[name], seconds["first"], plain_decode)
+        ]
+        out["configs"][name] = {
+            "r": quartiles(r),
+            "tau": taus[name],
+            "same_as_plain": tokens[name] == tokens["plain"],
+        }
+    if ref:
+        out["reference"] = _against_reference(config, params, ref)
+    if FLAGS.llama_bench:
+        if not FLAGS.gguf:
+            raise ValueError("--llama_bench needs --gguf (the same checkpoint converted)")
+        out["llama_cpp"] = llama_cpp(FLAGS.llama_bench, FLAGS.gguf, FLAGS.prompt_len, n)
+    out["rss_peak_gb"] = peak_gb()
+    print(json.dumps(out, indent=1))
+    if FLAGS.json_out:
+        cli.write_json(out)
+
+
+def _reference(path: str):
+    import pathlib
+
+    f = pathlib.Path(path) / "reference.npz"
+    return dict(np.load(f)) if f.is_file() else None
+
+
+def _against_reference(config, params, ref) -> dict:
+    """Greedy from the reference prompt against transformers' float32 run on the same weights."""
+    import mtpspec
+
+    want = ref["greedy"].tolist()
+    r = mtpspec.generate(
+        config,
+        params,
+        [ref["input_ids"][0].tolist()],
+        max_new_tokens=len(want),
+        return_logprobs=True,
+    )
+    got = r.tokens[0]
+    same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+    dlogp = np.abs(np.asarray(r.logprobs[0][:same]) - ref["greedy_logp"][:same])
+    return {
+        "greedy_identical": got == want,
+        "first_difference": None if got == want else same,
+        "max_abs_logp_diff": float(dlogp.max()) if same else None,
+    }
+
+
+if __name__ == "__main__":
+    cli.run(main)
