@@ -292,3 +292,67 @@ def test_explicit_ffi_under_a_mesh_is_refused_and_auto_runs_xla(model):
         isinstance(x, Linear)
         for x in jax.tree.leaves(prepared.args[0], is_leaf=lambda x: isinstance(x, Linear))
     )
+
+
+@built
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("d_in, d_out", [(128, 768), (33, 17), (70, 48), (1, 1)])
+def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in, d_out, isa):
+    """bf16 packing halves the bytes and changes no value: bit for bit the f32 kernel's result on
+    the same weights widened (the widening is exact, the accumulation order the same)."""
+    cpu_linear.ISA, before = isa, cpu_linear.ISA
+    try:
+        rng = np.random.default_rng(rows * 7 + d_in)
+        x = rng.standard_normal((rows, d_in)).astype(np.float32)
+        w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.bfloat16)
+        f = jax.jit(cpu_linear.apply, static_argnums=2)
+        wp = cpu_linear.pack(w, jnp.bfloat16)
+        assert wp.dtype == jnp.bfloat16 and wp.shape == cpu_linear.packed_shape(d_in, d_out)
+        got = np.asarray(f(x, wp, d_out))
+        want = np.asarray(f(x, cpu_linear.pack(w.astype(jnp.float32)), d_out))
+        np.testing.assert_array_equal(got, want)
+        ref = x.astype(np.float64) @ np.asarray(w, np.float64)  # and both are the product
+        bound = 1e-5 * (np.abs(x) @ np.abs(np.asarray(w, np.float64))) + 1e-6
+        assert (np.abs(got - ref) <= bound).all()
+        # negative control: the bf16-rounded product is not the f32 one on unrounded weights
+        w32 = rng.standard_normal((d_in, d_out)).astype(np.float32)
+        rounded = np.asarray(f(x, cpu_linear.pack(w32, jnp.bfloat16), d_out))
+        exact = np.asarray(f(x, cpu_linear.pack(w32), d_out))
+        assert d_in * d_out < 4 or not np.array_equal(rounded, exact)
+    finally:
+        cpu_linear.ISA = before
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        cpu_linear.pack(w, jnp.float16)
+
+
+@built
+def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights():
+    """linear='ffi' keeps a bf16 model's matrices bf16 in the packed tree and computes in float32:
+    tokens and log-probs bit for bit those of the float32 model on the widened weights, and
+    speculative greedy equals plain greedy. linear='xla' keeps XLA's bf16 arithmetic."""
+    import dataclasses
+
+    config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
+    p32 = models.init_params(config, jax.random.key(3), norm_scale=0.1)
+    bf16 = dataclasses.replace(config, dtype="bfloat16")
+    pb = jax.tree.map(lambda x: x.astype(jnp.bfloat16), p32)
+    widened = jax.tree.map(lambda x: x.astype(jnp.float32), pb)
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    run = dict(max_new_tokens=16, return_logprobs=True, linear="ffi")
+    got = mtpspec.generate(bf16, pb, prompts, **run)
+    want = mtpspec.generate(config, widened, prompts, **run)
+    assert got.tokens == want.tokens
+    np.testing.assert_array_equal(np.array(got.logprobs), np.array(want.logprobs))
+    tree = MEMO.get(inference_compute(bf16), pb, "ffi")
+    assert tree["lm_head"].w.dtype == jnp.bfloat16  # packed bf16
+    assert tree["layers"][0]["gdn"]["w_qkv+w_z+w_b+w_a"].w.dtype == jnp.bfloat16
+    assert tree["final_norm"].dtype == jnp.float32
+    spec = mtpspec.SpecConfig(num_draft=3)
+    assert mtpspec.generate(bf16, pb, prompts, speculative=spec, **run).tokens == got.tokens
+
+
+def inference_compute(config):
+    from mtpspec.models.inference import compute_config
+
+    return compute_config(config, "ffi")

@@ -207,6 +207,7 @@ def prepare(
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
     linear = resolve_linear(linear, sharded=sharded)
+    config = inference.compute_config(config, linear)
     attention = resolve_attention(attention, sharded=sharded, cache_dtype=config.dtype)
     verify_method = window_gdn_method(
         config, speculative.verify_method if speculative else "auto", k + 1, sharded=sharded

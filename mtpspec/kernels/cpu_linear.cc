@@ -1,7 +1,7 @@
 // y = x W for a few rows on CPU, streaming W once: the decode step (1 row) and the speculative
 // verify window (k + 1 rows) of mtpspec's inference path, called from XLA through its typed FFI.
 //
-// W is packed once at load as [tiles, in, 16] float32: tile j holds output columns 16j..16j+15
+// W is packed once at load as [tiles, in, 16] float32 or bfloat16: tile j holds output columns 16j..16j+15
 // (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
 // read from memory once per call (software-prefetched `prefetch` rows ahead, so the stream
 // overlaps the arithmetic of a multi-row window) and re-read from L1/L2 for every further block
@@ -36,12 +36,32 @@ namespace {
 
 constexpr int64_t kTile = 16;
 
+// Weights are float32 or bfloat16 (uint16: the top half of a float32). A bf16 weight is widened
+// exactly (shifted into the top half) in registers, so a bf16 tile gives bit for bit what the
+// float32 kernel gives on the same weights widened, at half the bytes streamed.
+__attribute__((target("avx2,fma"))) inline void Load16(const float* w, __m256& a, __m256& b) {
+  a = _mm256_loadu_ps(w);
+  b = _mm256_loadu_ps(w + 8);
+}
+__attribute__((target("avx2,fma"))) inline void Load16(const uint16_t* w, __m256& a, __m256& b) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
+  b = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+}
+__attribute__((target("avx512f"))) inline __m512 Load16x512(const float* w) {
+  return _mm512_loadu_ps(w);
+}
+__attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
 // R rows (x[r] = x + r * k) of one 16-column tile into out[r * ldo .. + 16): S accumulator sets
 // take inputs i = s mod S in turn (independent FMA chains to hide latency), summed at the end.
-template <int R, int S>
-__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k,
-                                                         const float* w, float* out,
-                                                         int64_t ldo, int64_t pf) {
+template <int R, int S, typename W>
+__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, const W* w,
+                                                         float* out, int64_t ldo, int64_t pf) {
   __m256 acc[S][R][2];
 #pragma GCC unroll 8
   for (int s = 0; s < S; ++s)
@@ -51,9 +71,10 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
   for (; i + S <= k; i += S) {
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s) {
-      const float* wi = w + (i + s) * kTile;
+      const W* wi = w + (i + s) * kTile;
       if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
-      const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+      __m256 w0, w1;
+      Load16(wi, w0, w1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256 xb = _mm256_broadcast_ss(x + r * k + i + s);
@@ -63,8 +84,8 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
     }
   }
   for (; i < k; ++i) {  // the last k mod S inputs, into set 0 (a static index keeps acc in registers)
-    const float* wi = w + i * kTile;
-    const __m256 w0 = _mm256_loadu_ps(wi), w1 = _mm256_loadu_ps(wi + 8);
+    __m256 w0, w1;
+    Load16(w + i * kTile, w0, w1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 xb = _mm256_broadcast_ss(x + r * k + i);
@@ -85,16 +106,17 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
 }
 
 // A block of R rows of one tile, written straight to y or, for the last partial tile, via buf.
-template <int R, int S>
-__attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
-                                                      const float* wt, float* y, int64_t n,
-                                                      int64_t c0, int64_t width, int64_t pf) {
+template <int R, int S, typename W>
+__attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k, const void* wv,
+                                                      float* y, int64_t n, int64_t c0,
+                                                      int64_t width, int64_t pf) {
+  const W* wt = static_cast<const W*>(wv);
   if (width == kTile) {
-    TileRows<R, S>(x, k, wt, y + c0, n, pf);
+    TileRows<R, S, W>(x, k, wt, y + c0, n, pf);
     return;
   }
   alignas(32) float buf[R * kTile];
-  TileRows<R, S>(x, k, wt, buf, kTile, pf);
+  TileRows<R, S, W>(x, k, wt, buf, kTile, pf);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
@@ -104,10 +126,9 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
 // the accumulators of 6 rows x 2 tiles still fit). A column's sums are the same whether its tile
 // is taken alone or in a pair (same S, same order), so how tiles are paired (by the thread
 // chunks) never changes a result.
-template <int R, int S, int P>
-__attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k,
-                                                           const float* w, float* out,
-                                                           int64_t ldo, int64_t pf) {
+template <int R, int S, int P, typename W>
+__attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k, const W* w,
+                                                           float* out, int64_t ldo, int64_t pf) {
   const int64_t stride = k * kTile;  // from one tile to the next
   __m512 acc[S][R][P];
 #pragma GCC unroll 8
@@ -123,9 +144,9 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
       __m512 wv[P];
 #pragma GCC unroll 2
       for (int p = 0; p < P; ++p) {
-        const float* wi = w + p * stride + (i + s) * kTile;
+        const W* wi = w + p * stride + (i + s) * kTile;
         if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
-        wv[p] = _mm512_loadu_ps(wi);
+        wv[p] = Load16x512(wi);
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
@@ -138,7 +159,7 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
   for (; i < k; ++i) {  // the last k mod S inputs, into set 0
     __m512 wv[P];
 #pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) wv[p] = _mm512_loadu_ps(w + p * stride + i * kTile);
+    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + p * stride + i * kTile);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * k + i]);
@@ -157,52 +178,56 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
 }
 
 // One tile (possibly the partial last one), as Block.
-template <int R, int S>
-__attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k,
-                                                        const float* wt, float* y, int64_t n,
-                                                        int64_t c0, int64_t width, int64_t pf) {
+template <int R, int S, typename W>
+__attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k, const void* wv,
+                                                        float* y, int64_t n, int64_t c0,
+                                                        int64_t width, int64_t pf) {
+  const W* wt = static_cast<const W*>(wv);
   if (width == kTile) {
-    TileRows512<R, S, 1>(x, k, wt, y + c0, n, pf);
+    TileRows512<R, S, 1, W>(x, k, wt, y + c0, n, pf);
     return;
   }
   alignas(64) float buf[R * kTile];
-  TileRows512<R, S, 1>(x, k, wt, buf, kTile, pf);
+  TileRows512<R, S, 1, W>(x, k, wt, buf, kTile, pf);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
 // Two full tiles side by side (same arguments; width is 2 * 16).
-template <int R, int S>
-__attribute__((target("avx512f"))) inline void Pair512(const float* x, int64_t k,
-                                                       const float* wt, float* y, int64_t n,
-                                                       int64_t c0, int64_t, int64_t pf) {
-  TileRows512<R, S, 2>(x, k, wt, y + c0, n, pf);
+template <int R, int S, typename W>
+__attribute__((target("avx512f"))) inline void Pair512(const float* x, int64_t k, const void* wv,
+                                                       float* y, int64_t n, int64_t c0, int64_t,
+                                                       int64_t pf) {
+  TileRows512<R, S, 2, W>(x, k, static_cast<const W*>(wv), y + c0, n, pf);
 }
 
 // The block for each row count 1..6, with its accumulator sets: one row 4 independent FMA
 // chains per tile, 2-3 rows 2, 4-6 rows 1 (the same for AVX2 and AVX-512).
-using BlockFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t, int64_t,
+using BlockFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t,
                          int64_t);
 struct Isa {
   BlockFn blocks[7];  // one tile
   BlockFn pairs[7];   // two full tiles (nullptr: one at a time)
 };
+template <typename W>
 constexpr Isa kIsas[2] = {
-    {{nullptr, Block<1, 4>, Block<2, 2>, Block<3, 2>, Block<4, 1>, Block<5, 1>, Block<6, 1>},
+    {{nullptr, Block<1, 4, W>, Block<2, 2, W>, Block<3, 2, W>, Block<4, 1, W>, Block<5, 1, W>,
+      Block<6, 1, W>},
      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}},
-    {{nullptr, Block512<1, 4>, Block512<2, 2>, Block512<3, 2>, Block512<4, 1>, Block512<5, 1>,
-      Block512<6, 1>},
-     {nullptr, Pair512<1, 4>, Pair512<2, 2>, Pair512<3, 2>, Pair512<4, 1>, Pair512<5, 1>,
-      Pair512<6, 1>}}};
+    {{nullptr, Block512<1, 4, W>, Block512<2, 2, W>, Block512<3, 2, W>, Block512<4, 1, W>,
+      Block512<5, 1, W>, Block512<6, 1, W>},
+     {nullptr, Pair512<1, 4, W>, Pair512<2, 2, W>, Pair512<3, 2, W>, Pair512<4, 1, W>,
+      Pair512<5, 1, W>, Pair512<6, 1, W>}}};
 
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
 // the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
 // depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
 // tile prefetches (the later ones find the tile in L1). With AVX-512, full tiles go two at a time.
-void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
+template <typename W>
+void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const W* w, int64_t n,
               float* y, int64_t t0, int64_t t1, int64_t pf) {
   for (int64_t t = t0; t < t1;) {
-    const float* wt = w + t * k * kTile;
+    const W* wt = w + t * k * kTile;
     const int64_t c0 = t * kTile;
     const int64_t width = n - c0 < kTile ? n - c0 : kTile;
     const bool pair = isa.pairs[1] != nullptr && t + 1 < t1 && c0 + 2 * kTile <= n;
@@ -220,8 +245,9 @@ void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const flo
 // them; a decode step or verify window is one block).
 constexpr int64_t kRowBlock = 60;  // a multiple of 6
 
-void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float* w,
-           int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+template <typename W>
+void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const W* w, int64_t n,
+           float* y, int64_t t0, int64_t t1, int64_t pf) {
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
     RowTiles(isa, x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
@@ -231,7 +257,9 @@ void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const float*
 // Below this many multiply-adds a call runs on the caller alone (a hand-off costs ~1 us).
 constexpr int64_t kMinShared = 32 * 1024;
 
-ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+// W: float (F32 weights) or uint16_t (BF16 weights).
+template <ffi::DataType T, typename W>
+ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                   ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf, int64_t isa) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
@@ -249,9 +277,9 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
   if (const char* bad = mtpspec::BadIsa(isa)) {
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_linear: ") + bad);
   }
-  const Isa& set = kIsas[isa];
+  const Isa& set = kIsas<W>[isa];
   const float* xp = x.typed_data();
-  const float* wp = w.typed_data();
+  const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
   // Units are pairs of tiles, so AVX-512's pairs stay whole in every chunk; 4 chunks a thread.
   mtpspec::ParallelFor(pool, threads, (tiles + 1) / 2, tiles >= 2 && rows * k * n >= kMinShared,
@@ -263,11 +291,22 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, Linear,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, (Linear<ffi::F32, float>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("prefetch")
+                                  .Attr<int64_t>("isa"));
+
+// The same over bfloat16 weights packed the same way ([tiles, in, 16] bf16).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::BF16, uint16_t>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("prefetch")
@@ -281,4 +320,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 5; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 6; }

@@ -3,7 +3,12 @@ target.
 
     ok, why = status()                 # (False, reason) when it was not built or cannot run here
     wp = pack(w)                       # [in, out] -> [ceil(out / 16), in, 16] float32, once
+    wp = pack(w, jnp.bfloat16)         # ... or bfloat16 (half the bytes streamed per call)
     y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
+
+A bfloat16 weight is widened exactly in registers and accumulated in float32 in the same order,
+so its result equals, bit for bit, the float32 kernel's on the same weights widened
+(``pack(w.astype(jnp.float32))``): storing a bf16 checkpoint's weights as bf16 changes no value.
 
 Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
 each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
@@ -24,6 +29,8 @@ import numpy as np
 from mtpspec.kernels import library
 
 TARGET = "mtpspec_cpu_linear"
+TARGET_BF16 = "mtpspec_cpu_linear_bf16"
+PACK_DTYPES = (jnp.float32, jnp.bfloat16)
 TILE = 16
 # caller + one pool helper: the 2-core machines this is tuned on (1: the caller alone)
 THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
@@ -40,6 +47,9 @@ ISAS = ("auto", "avx2", "avx512")
 
 KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
 available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
+KERNEL_BF16 = library.Target(
+    TARGET_BF16, "MtpspecCpuLinearBf16", "bfloat16 weights with linear='ffi' need the C++ kernel"
+)
 
 
 def status() -> tuple[bool, str]:
@@ -70,9 +80,12 @@ def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
     return (-(-d_out // TILE), d_in, TILE)
 
 
-def pack(w) -> jax.Array:
-    """[in, out] -> [tiles, in, 16] float32, output columns zero-padded to a multiple of 16."""
-    w = jnp.asarray(w, jnp.float32)
+def pack(w, dtype=jnp.float32) -> jax.Array:
+    """[in, out] -> [tiles, in, 16] in ``dtype`` (float32 or bfloat16), output columns
+    zero-padded to a multiple of 16."""
+    if jnp.dtype(dtype) not in [jnp.dtype(d) for d in PACK_DTYPES]:
+        raise ValueError(f"the CPU linear packs float32 or bfloat16 weights, not {dtype}")
+    w = jnp.asarray(w).astype(dtype)
     d_in, d_out = w.shape
     tiles = -(-d_out // TILE)
     w = jnp.pad(w, ((0, 0), (0, tiles * TILE - d_out)))
@@ -88,9 +101,11 @@ def unpack(wp: jax.Array, d_out: int) -> jax.Array:
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call). x may also
     come as [rows, h, d] with h · d = in (heads not flattened first: see ``Linear.__call__``)."""
-    require()  # registers the FFI target on first use (cached)
+    bf16 = wp.dtype == jnp.bfloat16
+    (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
-    return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
+    target = TARGET_BF16 if bf16 else TARGET
+    return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
         x.astype(jnp.float32),
         wp,
         threads=np.int64(THREADS),

@@ -22,6 +22,7 @@ for decode windows, "xla" XLA's form (``resolve_attention``, ``mark_attention``)
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import threading
@@ -101,7 +102,9 @@ class Linear:
         """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi")."""
         w = jnp.asarray(w)
         d_in, d_out = w.shape
-        packed = cpu_linear.pack(w) if impl == "ffi" else w
+        # bf16 weights stay bf16 in the packed kernel (widened exactly in registers)
+        store = jnp.bfloat16 if w.dtype == jnp.bfloat16 else jnp.float32
+        packed = cpu_linear.pack(w, store) if impl == "ffi" else w
         return cls(packed, d_in, splits or (d_out,), impl)
 
     def split(self, y: jax.Array) -> list[jax.Array]:
@@ -149,6 +152,22 @@ def _resolve(what: str, impl: str, kernel, sharded: bool, platform: str | None) 
         _logged.add((what, choice, reason))
         log.info("%s='auto' -> %r (%s)", what, choice, reason)
     return choice
+
+
+def compute_config(config: ModelConfig, linear: str) -> ModelConfig:
+    """The config decoding computes with: a bfloat16 model on the C++ linear ("ffi") keeps its
+    matrices bf16 in the packed kernel (half the bytes streamed per token) and computes in
+    float32 — the arithmetic of transformers' float32 run on the same bf16 weights, and bit for
+    bit the float32 path's on the weights widened (logged once). Otherwise ``config`` itself."""
+    if linear != "ffi" or config.dtype != "bfloat16":
+        return config
+    if ("bf16 storage",) not in _logged:
+        _logged.add(("bf16 storage",))
+        log.info(
+            "bfloat16 weights: decoding keeps the matrices bf16 in the C++ linear and "
+            "computes in float32"
+        )
+    return dataclasses.replace(config, dtype="float32")
 
 
 def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = None) -> str:
@@ -234,11 +253,14 @@ def inference_params(config: ModelConfig, params: dict, impl: str, attention: st
             f"inference_params needs resolved implementations, got {impl!r}, {attention!r}"
         )
     check_finite(params)
+    stored = params
+    if config.dtype == "float32":  # a bf16 model decoded in float32 (``compute_config``)
+        params = _widen_vectors(params)
     out = dict(params)
     out["layers"] = [
         _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
     ]
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    head = stored["embed"].T if config.tie_word_embeddings else params["lm_head"]
     out["lm_head"] = Linear.of(head, impl)
     if "mtp" in params:
         mtp = dict(params["mtp"])
@@ -246,6 +268,20 @@ def inference_params(config: ModelConfig, params: dict, impl: str, attention: st
         mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
         out["mtp"] = mtp
     return mark_attention(out, attention)
+
+
+def _widen_vectors(params):
+    """Every bf16 leaf but the matrices that become ``Linear`` (packed in bf16) as float32:
+    norms, gates, conv taps, the embedding rows gathered per token."""
+    matrices = {*SINGLE["attn"], *SINGLE["gdn"], *SINGLE["mlp"], *SINGLE["moe"], "fc", "lm_head"}
+    matrices |= {n for names in FUSED.values() for n in names}
+
+    def widen(path, x):
+        name = str(getattr(path[-1], "key", ""))
+        keep = name in matrices and x.ndim == 2
+        return x if keep or x.dtype != jnp.bfloat16 else x.astype(jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(widen, params)
 
 
 def mark_attention(tree: dict, attention: str) -> dict:

@@ -1,0 +1,91 @@
+"""The real-size tools on a reduced shape with the real 248,320-token vocabulary: the fixture
+writer (the released Qwen3.5 layout, HF init scales) reads back bit for bit, the bench runs end to
+end with its exactness checks, and the draft-vocabulary tool keeps plain greedy's tokens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from experiments import make_real_size
+from mtpspec import checkpoints
+from mtpspec.decoding.draft_vocab import DraftVocab
+from tests.conftest import subprocess_env
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    cfg = make_real_size.real_size_config(hidden=64, layers=4)
+    params = make_real_size.random_params(cfg, seed=0)
+    out = tmp_path_factory.mktemp("real") / "q35"
+    checkpoints.save_hf(cfg, params, out, layout="conditional_generation", max_shard_bytes=20 << 20)
+    return cfg, params, out
+
+
+def test_fixture_is_the_released_layout_at_hf_scales_and_reads_back(reduced):
+    cfg, params, out = reduced
+    assert cfg.vocab_size == 248_320 and cfg.tie_word_embeddings and cfg.dtype == "bfloat16"
+    top = json.loads((out / "config.json").read_text())
+    assert top["architectures"] == ["Qwen3_5ForConditionalGeneration"] and "text_config" in top
+    assert (out / "model.safetensors.index.json").is_file()
+    got_cfg, got = checkpoints.load_hf(out)
+    assert got_cfg == cfg
+    same = jax.tree.map(lambda a, b: np.array_equal(np.asarray(a), np.asarray(b)), got, params)
+    assert all(jax.tree.leaves(same))
+    embed = np.asarray(params["embed"], np.float32)
+    assert abs(embed.std() - 0.02) < 1e-3  # HF's initializer_range
+    assert not np.asarray(params["final_norm"], np.float32).any()  # (1 + w) norms: zero
+    gdn = params["layers"][0]["gdn"]
+    assert np.all(np.asarray(gdn["norm"], np.float32) == 1)
+    assert np.all(np.exp(np.asarray(gdn["A_log"], np.float32)) <= 16.0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        make_real_size.real_size_config(layers=6)
+
+
+def _tool(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=subprocess_env(), capture_output=True,
+        text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.slow(60)
+def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
+    _, _, out = reduced
+    js = tmp_path / "bench.json"
+    done = _tool(
+        "experiments.bench_real_size", f"--checkpoint={out}", "--dtype=float32",
+        "--prompt_len=48", "--new_tokens=6", "--repeats=1", "--num_draft=1",
+        "--draft_vocab=4096", f"--json_out={js}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(js.read_text())
+    assert got["recompiles_while_timed"] == 0
+    assert set(got["configs"]) == {"mtp k=1", "mtp k=1 vocab=4096"}
+    assert all(c["same_as_plain"] for c in got["configs"].values())
+    assert got["decode_tok_s"]["median"] > 0 and got["rss_peak_gb"] >= got["rss_after_load_gb"]
+    bad = _tool("experiments.bench_real_size", f"--checkpoint={out}", "--draft_vocab=300000")
+    assert bad.returncode == 1 and "must lie in 1..248320" in bad.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.slow(40)
+def test_draft_vocab_tool_counts_the_training_split_and_keeps_greedy(tmp_path):
+    done = _tool(
+        "experiments.draft_vocab", "--size=48", f"--out={tmp_path}", "--measure",
+        "--max_new_tokens=24",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout)
+    vocab = DraftVocab.load(tmp_path)
+    assert vocab.size == 48 and "training split" in vocab.source
+    assert ord(" ") in vocab.ids and ord("e") in vocab.ids  # the commonest bytes of code
+    assert 0.5 < got["coverage"] < 1.0
+    assert all(r["same_as_plain"] for r in got["runs"].values())
+    assert got["runs"]["mtp k=2 vocab=48"]["tau"] > 1.2
