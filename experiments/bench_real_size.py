@@ -6,8 +6,10 @@
 
 Prints one JSON object (and writes it with ``--json_out``):
 
-  load_s, rss_after_load_gb, rss_peak_gb     load_hf wall time; resident set size (VmRSS) after
-                                             load and the process's peak (getrusage)
+  load_s, rss_after_load_gib, rss_peak_gib   load wall time (``checkpoints.load``, by default
+                                             ``for_decoding=True``: one copy of the weights);
+                                             resident set size (VmRSS, GiB) after load and the
+                                             process's peak (getrusage)
   prefill_tok_s                              a --prompt_len prompt, median over --repeats
   decode_tok_s                               plain greedy, (n − 1) tokens ÷ (T(n) − T(1)) on a
                                              short prompt (its prefill and the first token
@@ -42,6 +44,12 @@ from experiments import cli
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "HF checkpoint directory.", required=True)
 flags.DEFINE_string("dtype", None, "Load as this dtype (default: the checkpoint's).")
+flags.DEFINE_bool(
+    "for_decoding",
+    True,
+    "Load straight into the decoding layout (DecodingWeights: one copy of the weights); "
+    "--nofor_decoding loads the canonical tree (generate builds the decoding tree beside it).",
+)
 flags.DEFINE_integer("prompt_len", 512, "Prefill benchmark prompt length.")
 flags.DEFINE_integer("new_tokens", 48, "Tokens per decode run.")
 flags.DEFINE_integer("repeats", 2, "Round-robin rounds.")
@@ -52,7 +60,7 @@ flags.DEFINE_string("gguf", None, "The same checkpoint converted to GGUF, for --
 cli.define_json_out()
 
 
-def rss_gb() -> float:
+def rss_gib() -> float:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -60,7 +68,7 @@ def rss_gb() -> float:
     return float("nan")
 
 
-def peak_gb() -> float:
+def peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
@@ -113,10 +121,17 @@ def main(argv):
     from mtpspec import checkpoints
 
     t0 = time.perf_counter()
-    config, params = checkpoints.load_hf(FLAGS.checkpoint, dtype=FLAGS.dtype)
-    params = jax.block_until_ready(params)
-    out = {"checkpoint": FLAGS.checkpoint, "dtype": config.dtype}
-    out["load_s"], out["rss_after_load_gb"] = time.perf_counter() - t0, rss_gb()
+    config, params = checkpoints.load(
+        FLAGS.checkpoint, dtype=FLAGS.dtype, for_decoding=FLAGS.for_decoding
+    )
+    jax.block_until_ready(params.tree if FLAGS.for_decoding else params)
+    out = {
+        "checkpoint": FLAGS.checkpoint,
+        "dtype": config.dtype,
+        "for_decoding": FLAGS.for_decoding,
+    }
+    out["load_s"], out["rss_after_load_gib"] = time.perf_counter() - t0, rss_gib()
+    out["rss_peak_after_load_gib"] = peak_gib()
     vocab = load_draft_vocab(FLAGS.draft_vocab, config.vocab_size)
     ref = _reference(FLAGS.checkpoint)
     rng = np.random.default_rng(1)
@@ -139,7 +154,7 @@ def main(argv):
         jobs[name] = lambda spec=spec: timed(config, params, short, n, spec)
     for job in jobs.values():  # compile (and pack) everything before any timing
         job()
-    out["rss_after_first_decode_gb"] = rss_gb()
+    out["rss_after_first_decode_gib"] = rss_gib()
     seconds = {name: [] for name in jobs}
     tokens, taus = {}, {}
     before = mtpspec.decoding.compile_count()
@@ -172,7 +187,7 @@ def main(argv):
         if not FLAGS.gguf:
             raise ValueError("--llama_bench needs --gguf (the same checkpoint converted)")
         out["llama_cpp"] = llama_cpp(FLAGS.llama_bench, FLAGS.gguf, FLAGS.prompt_len, n)
-    out["rss_peak_gb"] = peak_gb()
+    out["rss_peak_gib"] = peak_gib()
     print(json.dumps(out, indent=1))
     if FLAGS.json_out:
         cli.write_json(out)

@@ -308,7 +308,9 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
         w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.bfloat16)
         f = jax.jit(cpu_linear.apply, static_argnums=2)
         wp = cpu_linear.pack(w, jnp.bfloat16)
-        assert wp.dtype == jnp.bfloat16 and wp.shape == cpu_linear.packed_shape(d_in, d_out)
+        assert cpu_linear.stored_dtype(wp) == jnp.bfloat16 and wp.dtype == jnp.uint16
+        assert wp.shape == cpu_linear.packed_shape(d_in, d_out)
+        assert (cpu_linear.unpack(wp, d_out) == w).all()
         got = np.asarray(f(x, wp, d_out))
         want = np.asarray(f(x, cpu_linear.pack(w.astype(jnp.float32)), d_out))
         np.testing.assert_array_equal(got, want)
@@ -345,8 +347,8 @@ def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights(
     assert got.tokens == want.tokens
     np.testing.assert_array_equal(np.array(got.logprobs), np.array(want.logprobs))
     tree = MEMO.get(inference_compute(bf16), pb, "ffi")
-    assert tree["lm_head"].w.dtype == jnp.bfloat16  # packed bf16
-    assert tree["layers"][0]["gdn"]["w_qkv+w_z+w_b+w_a"].w.dtype == jnp.bfloat16
+    assert cpu_linear.stored_dtype(tree["lm_head"].w) == jnp.bfloat16  # packed bf16
+    assert cpu_linear.stored_dtype(tree["layers"][0]["gdn"]["w_qkv+w_z+w_b+w_a"].w) == jnp.bfloat16
     assert tree["final_norm"].dtype == jnp.float32
     spec = mtpspec.SpecConfig(num_draft=3)
     assert mtpspec.generate(bf16, pb, prompts, speculative=spec, **run).tokens == got.tokens

@@ -70,7 +70,7 @@ def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
     assert got["recompiles_while_timed"] == 0
     assert set(got["configs"]) == {"mtp k=1", "mtp k=1 vocab=4096"}
     assert all(c["same_as_plain"] for c in got["configs"].values())
-    assert got["decode_tok_s"]["median"] > 0 and got["rss_peak_gb"] >= got["rss_after_load_gb"]
+    assert got["decode_tok_s"]["median"] > 0 and got["rss_peak_gib"] >= got["rss_after_load_gib"]
     bad = _tool("experiments.bench_real_size", f"--checkpoint={out}", "--draft_vocab=300000")
     assert bad.returncode == 1 and "must lie in 1..248320" in bad.stderr.strip().splitlines()[-1]
 

@@ -16,24 +16,64 @@ __all__ = [
 ]
 
 
-def load(path, *, mesh=None, dtype: str | None = "float32", allow_missing_mtp: bool = False):
+_OWN = object()  # load's dtype default: float32, or the checkpoint's own when for_decoding
+
+
+def load(
+    path,
+    *,
+    mesh=None,
+    dtype=_OWN,
+    allow_missing_mtp: bool = False,
+    for_decoding: bool = False,
+    linear: str = "auto",
+):
     """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
     (config.json + safetensors). ``dtype``: "float32" | "bfloat16" (``config.DTYPES``; a NumPy /
     JAX dtype naming one is accepted) casts every floating-point weight on load, for either
     kind; None keeps the checkpoint's own; anything else is a ValueError naming it, before any
-    read. ``allow_missing_mtp``: an HF config that declares MTP layers whose ``mtp.*`` tensors
-    are absent loads without them, as ``load_hf``. Returns (config, params), ``config.dtype``
-    the params' dtype; with ``mesh`` the params are placed shard by shard by the
-    ``mtpspec.sharding`` rules."""
+    read. Default: "float32", or with ``for_decoding`` the checkpoint's own (a bf16 checkpoint
+    decodes from bf16 matrices on the C++ linear, in float32 arithmetic). ``allow_missing_mtp``:
+    an HF config that declares MTP layers whose ``mtp.*`` tensors are absent loads without them,
+    as ``load_hf``. Returns (config, params), ``config.dtype`` the params' dtype; with ``mesh``
+    the params are placed shard by shard by the ``mtpspec.sharding`` rules.
+
+    ``for_decoding=True`` returns (config, ``DecodingWeights``) instead: the weights in the
+    layout decoding runs on (fused, packed for ``linear``'s implementation, the tied embedding
+    stored once), converted module by module while the canonical tree is freed, so only one copy
+    is ever resident. They decode (``generate``, ``text.complete``, ...) but cannot train, be
+    exported or sharded (no ``mesh``)."""
     import pathlib
 
     from mtpspec.config import check_dtype
 
+    if for_decoding and mesh is not None:
+        raise ValueError("for_decoding=True cannot take a mesh: DecodingWeights are not sharded")
+    if dtype is _OWN:
+        dtype = None if for_decoding else "float32"
     dtype = None if dtype is None else check_dtype(dtype)
     path = pathlib.Path(path)
-    if (path / "params").is_dir():
-        return restore_params(path, mesh=mesh, dtype=dtype)
-    return load_hf(path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, mesh=mesh)
+    if not for_decoding:
+        if (path / "params").is_dir():
+            return restore_params(path, mesh=mesh, dtype=dtype)
+        return load_hf(path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, mesh=mesh)
+    from mtpspec.models import inference
+
+    impl = inference.resolve_linear(linear)  # a bad or unavailable choice raises before any read
+    if (path / "params").is_dir():  # orbax restores the whole tree, converted after
+        config, params = restore_params(path, dtype=dtype)
+        return config, inference.decoding_weights(config, params, linear=impl, consume=True)
+
+    def on_module(config, key, subtree):  # each layer converted as soon as it is read
+        inference.check_finite(subtree)
+        compute = inference.compute_config(config, impl)
+        return inference.convert_module(compute, key, subtree, impl, consume=True)
+
+    config, params = load_hf(
+        path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, on_module=on_module
+    )
+    inference.check_finite({k: v for k, v in params.items() if k not in ("layers", "mtp")})
+    return config, inference.finish_decoding_weights(config, params, impl, consume=True)
 
 
 def load_tokenizer(path, config=None):

@@ -28,22 +28,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 
 from mtpspec import sharding
 from mtpspec.checkpoints.hf_config import from_hf_config
+from mtpspec.checkpoints.safetensors_files import (  # noqa: F401 - INDEX_FILE, SINGLE_FILE: hf_export
+    INDEX_FILE,
+    SINGLE_FILE,
+    _index_tensors,
+    _open,
+    _shapes,
+)
 from mtpspec.config import FULL, ModelConfig, check_dtype
 from mtpspec.models.params import check_param_tree
-
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,84 +296,6 @@ def model_specs(config: ModelConfig, prefix: str, names: set[str]) -> list[Tenso
     return specs
 
 
-# --------------------------------------------------------------------------------------------
-# files
-
-
-def _open(file: str):
-    try:
-        return safe_open(file, framework="flax")
-    except FileNotFoundError as e:
-        raise OSError(f"safetensors file {file} does not exist") from e
-    except Exception as e:  # SafetensorError etc: truncated / corrupt header
-        raise OSError(f"cannot read safetensors file {file}: {e}") from e
-
-
-def _index_tensors(path: str) -> dict[str, str]:
-    """name -> file, for a single-file or sharded checkpoint; checks every file opens."""
-    single = os.path.join(path, SINGLE_FILE)
-    index = os.path.join(path, INDEX_FILE)
-    if os.path.isfile(single):
-        files, promised = [single], {}
-    elif os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError("weight_map is not an object")
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"bad safetensors index {index}: {e!r}") from e
-        for k, v in weight_map.items():  # a shard is a file of this directory, nothing else
-            if not isinstance(v, str) or v != os.path.basename(v) or v in ("", ".", ".."):
-                raise ValueError(
-                    f"safetensors index {index} maps {k} to {v!r}: shards must be file names "
-                    "in the checkpoint's own directory"
-                )
-        promised = {k: os.path.join(path, v) for k, v in weight_map.items()}
-        files = sorted(set(promised.values()))
-        for file in files:
-            if not os.path.isfile(file):
-                raise OSError(f"shard {file} named in {index} does not exist")
-    else:
-        raise OSError(f"no weights in {path}: expected {SINGLE_FILE} or {INDEX_FILE}")
-
-    where: dict[str, str] = {}
-    for file in files:
-        with _open(file) as f:
-            for name in f.keys():
-                if name in where:
-                    raise ValueError(f"tensor {name} is in both {where[name]} and {file}")
-                where[name] = file
-    for name, file in promised.items():
-        if where.get(name) != file:
-            raise ValueError(f"index {index} maps tensor {name} to {file}, which lacks it")
-    return where
-
-
-# safetensors dtype codes of floating-point tensors (weights); integer / bool tensors are refused
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
-
-
-def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    """name -> shape from the files' headers; a tensor that is not floating point is a
-    TypeError (casting integers or booleans to weights would be silent garbage)."""
-    by_file: dict[str, list[str]] = {}
-    for n in names:
-        by_file.setdefault(where[n], []).append(n)
-    out = {}
-    for file, ns in by_file.items():
-        with _open(file) as f:
-            for n in ns:
-                sl = f.get_slice(n)
-                if str(sl.get_dtype()) not in FLOAT_DTYPES:
-                    raise TypeError(
-                        f"tensor {n} in {file} has dtype {sl.get_dtype()}; weights must be "
-                        f"floating point ({', '.join(FLOAT_DTYPES)})"
-                    )
-                out[n] = tuple(sl.get_shape())
-    return out
-
-
 def _ignorable(name: str, config: ModelConfig) -> bool:
     return (
         name.startswith(("model.visual.", "visual."))
@@ -394,8 +318,15 @@ def load_hf(
     dtype: str | None = None,
     allow_missing_mtp: bool = False,
     mesh=None,
+    on_module: Callable[[ModelConfig, tuple, dict], dict] | None = None,
 ) -> tuple[ModelConfig, dict]:
     """Load an HF checkpoint directory -> (config, params) in the canonical layout.
+
+    ``on_module(config, key, subtree)``: called as each decoder layer (key ("layers", i)), the
+    MTP module (("mtp",)), the embedding (("embed",)) and an untied head (("lm_head",)) is
+    complete, its return value replacing the subtree (a loader that
+    converts the weights for decoding module by module: ``checkpoints.load(...,
+    for_decoding=True)``); the final tree check is then the caller's.
 
     ``mesh`` (a (data, model) ``jax.sharding.Mesh``): each tensor, once converted, goes straight
     to its devices by the ``mtpspec.sharding`` rules, one device shard at a time (host memory
@@ -450,28 +381,71 @@ def load_hf(
             if shapes[n] != want:
                 raise ValueError(f"tensor {n} has shape {list(shapes[n])}, expected {list(want)}")
 
-    # Tensor by tensor (one module's worth of host copies at a time), files held open.
+    # Tensor by tensor (one module's worth of host copies at a time). The files are opened per
+    # module and closed after it: safetensors maps a whole file, and every page read stays in
+    # the process's resident set while the mapping lives (1.5 GB of page cache counted twice
+    # at real size).
     out_dtype = jnp.dtype(config.dtype)
     cpu = jax.devices("cpu")[0]
     params: dict = {"layers": [{} for _ in config.layer_types]}
-    with contextlib.ExitStack() as stack:
-        handles = {file: stack.enter_context(_open(file)) for file in sorted(set(where.values()))}
+    with contextlib.ExitStack() as outer:
+        handles: dict = {}
+        stack = outer.enter_context(contextlib.ExitStack())
 
-        def read(n: str) -> np.ndarray:
+        def read_as_is(n: str) -> jax.Array:
+            file = where[n]
+            if file not in handles:
+                handles[file] = stack.enter_context(_open(file))
             try:
                 with jax.default_device(cpu):
-                    return np.asarray(handles[where[n]].get_tensor(n))
+                    return handles[file].get_tensor(n)
             except Exception as e:
-                raise OSError(f"cannot read tensor {n} from {where[n]}: {e}") from e
+                raise OSError(f"cannot read tensor {n} from {file}: {e}") from e
 
+        def read(n: str) -> np.ndarray:
+            return np.asarray(read_as_is(n))
+
+        def close_files() -> None:
+            stack.close()
+            handles.clear()
+
+        def module_of(spec: TensorSpec) -> tuple:
+            first = spec.outs[0]
+            return tuple(first[:2]) if first[0] == "layers" else tuple(first[:1])
+
+        def finish(key: tuple) -> None:
+            close_files()
+            if on_module is not None and key[0] in ("layers", "mtp", "embed", "lm_head"):
+                node = params["layers"] if key[0] == "layers" else params
+                node[key[-1]] = on_module(config, key, node[key[-1]])
+
+        current = None
         for s in specs:
+            if module_of(s) != current:
+                if current is not None:
+                    finish(current)
+                current = module_of(s)
+            if s.fn is _ident and shardings is None:
+                # the array as read, cast if asked (no host copies: the embedding is 0.5 GB at
+                # Qwen3.5's vocabulary)
+                value = read_as_is(s.names[0])
+                _set(
+                    params,
+                    s.outs[0],
+                    value if value.dtype == out_dtype else value.astype(out_dtype),
+                )
+                continue
             outs = s.fn(*(read(n) for n in s.names))
             for out_path, value in zip(s.outs, outs, strict=True):
-                value = np.ascontiguousarray(value).astype(out_dtype)
+                value = np.ascontiguousarray(value).astype(out_dtype, copy=False)
                 if shardings is None:
                     _set(params, out_path, jnp.asarray(value))
                 else:
                     leaf = functools.reduce(lambda t, k: t[k], out_path, shardings)
                     _set(params, out_path, sharding.place_host_array(value, leaf))
-    check_param_tree(config, params)
+            del outs, value
+        if current is not None:
+            finish(current)
+    if on_module is None:
+        check_param_tree(config, params)
     return config, params

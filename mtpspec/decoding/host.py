@@ -96,7 +96,8 @@ def check_eos(config: ModelConfig, eos_id) -> list[int]:
 def _check_call(config, params, max_new_tokens, speculative) -> None:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    check_param_tree(config, params, allow_missing_mtp=True)
+    if not isinstance(params, inference.DecodingWeights):
+        check_param_tree(config, params, allow_missing_mtp=True)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
         raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
     if max_new_tokens < 0:
@@ -206,7 +207,10 @@ def prepare(
     if mesh is not None:
         mesh = sharding.check_mesh(mesh)
     sharded = mesh is not None
-    linear = resolve_linear(linear, sharded=sharded)
+    if isinstance(params, inference.DecodingWeights):
+        linear = params.check_call(config, linear, mesh)
+    else:
+        linear = resolve_linear(linear, sharded=sharded)
     config = inference.compute_config(config, linear)
     attention = resolve_attention(attention, sharded=sharded, cache_dtype=config.dtype)
     verify_method = window_gdn_method(

@@ -111,8 +111,10 @@ def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draw
     """Prompt forward, the first token, the proposer's init."""
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
-    out = window_step_impl(s.config, params, state, prompts, lengths, s.prefill_method)
-    last_logits = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    out = window_step_impl(
+        s.config, params, state, prompts, lengths, s.prefill_method, logits_at=lengths - 1
+    )
+    last_logits = out.logits[:, 0]
     first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
     state, pstate = out.state, None
     if s.proposer is not None:

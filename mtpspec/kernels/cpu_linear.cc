@@ -301,12 +301,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, (Linear<ffi::F32, float>),
                                   .Attr<int64_t>("prefetch")
                                   .Attr<int64_t>("isa"));
 
-// The same over bfloat16 weights packed the same way ([tiles, in, 16] bf16).
-XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::BF16, uint16_t>),
+// The same over bfloat16 weights packed the same way ([tiles, in, 16] bf16), held as uint16 bit
+// patterns (XLA:CPU widens a whole bf16 operand to f32 for a gather; see cpu_linear.py).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>),
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Arg<ffi::Buffer<ffi::U16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("prefetch")
@@ -320,4 +321,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 6; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 7; }

@@ -9,6 +9,10 @@ target.
 A bfloat16 weight is widened exactly in registers and accumulated in float32 in the same order,
 so its result equals, bit for bit, the float32 kernel's on the same weights widened
 (``pack(w.astype(jnp.float32))``): storing a bf16 checkpoint's weights as bf16 changes no value.
+A packed bf16 weight is held as uint16 (the bf16 bit patterns; ``stored_dtype`` says bfloat16):
+XLA:CPU computes bf16 gathers and bitcasts by widening their whole operand to float32 first, and
+hoists that out of the decode loop — a 1 GB temporary for a tied Qwen3.5 embedding gathered
+from its LM head (``packed_columns``, ``widen``).
 
 Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
 each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
@@ -20,6 +24,7 @@ is shared with one helper thread of XLA's intra-op pool (``THREADS``).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -80,28 +85,80 @@ def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
     return (-(-d_out // TILE), d_in, TILE)
 
 
-def pack(w, dtype=jnp.float32) -> jax.Array:
-    """[in, out] -> [tiles, in, 16] in ``dtype`` (float32 or bfloat16), output columns
-    zero-padded to a multiple of 16."""
+def _check_pack_dtype(dtype) -> jnp.dtype:
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in PACK_DTYPES]:
         raise ValueError(f"the CPU linear packs float32 or bfloat16 weights, not {dtype}")
-    w = jnp.asarray(w).astype(dtype)
+    return jnp.dtype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("dtype", "rows"))
+def _pack(w, dtype, rows: bool):
+    # one compiled copy (eager pad / reshape / transpose would each materialise the matrix)
+    w = w.astype(dtype)
+    if dtype == jnp.bfloat16:
+        w = jax.lax.bitcast_convert_type(w, jnp.uint16)
+    if rows:  # [out, in]
+        d_out, d_in = w.shape
+        tiles = -(-d_out // TILE)
+        w = jnp.pad(w, ((0, tiles * TILE - d_out), (0, 0)))
+        return w.reshape(tiles, TILE, d_in).transpose(0, 2, 1)
     d_in, d_out = w.shape
     tiles = -(-d_out // TILE)
     w = jnp.pad(w, ((0, 0), (0, tiles * TILE - d_out)))
     return w.reshape(d_in, tiles, TILE).transpose(1, 0, 2)
 
 
+def stored_dtype(wp: jax.Array) -> jnp.dtype:
+    """What a packed weight stores: bfloat16 (held as uint16 bit patterns) or float32."""
+    return jnp.dtype(jnp.bfloat16) if wp.dtype == jnp.uint16 else jnp.dtype(wp.dtype)
+
+
+def as_stored(raw: jax.Array) -> jax.Array:
+    """Values read from a packed weight in its ``stored_dtype`` (uint16 bits as bfloat16)."""
+    if raw.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(raw, jnp.bfloat16)
+    return raw
+
+
+def widen(raw: jax.Array) -> jax.Array:
+    """Values read from a packed weight as float32, exactly (bf16 bits shifted into the top
+    half of a float32: integer ops, which XLA applies to the gathered values only)."""
+    if raw.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(raw.astype(jnp.uint32) << 16, jnp.float32)
+    return raw.astype(jnp.float32)
+
+
+def pack(w, dtype=jnp.float32) -> jax.Array:
+    """[in, out] -> [tiles, in, 16] in ``dtype`` (float32 or bfloat16), output columns
+    zero-padded to a multiple of 16."""
+    return _pack(jnp.asarray(w), _check_pack_dtype(dtype), False)
+
+
+def pack_rows(w_t, dtype=jnp.float32) -> jax.Array:
+    """``pack(w_t.T, dtype)`` from an [out, in] matrix (a tied embedding as the LM head), without
+    a transposed copy first."""
+    return _pack(jnp.asarray(w_t), _check_pack_dtype(dtype), True)
+
+
+def packed_columns(wp: jax.Array, ids) -> jax.Array:
+    """Output columns ``ids`` (any int shape) of a packed weight: ids.shape + [in], raw (uint16
+    for bf16: ``as_stored`` / ``widen`` read them) — w[:, id] of the unpacked [in, out] matrix, a
+    strided gather of ``in`` values each (a tied embedding's rows, read from the LM head it is
+    packed as)."""
+    ids = jnp.asarray(ids, jnp.int32)
+    return wp[ids // TILE, :, ids % TILE]
+
+
 def unpack(wp: jax.Array, d_out: int) -> jax.Array:
-    """Inverse of ``pack`` (inside jit: a transpose)."""
+    """Inverse of ``pack``, in the stored dtype (inside jit: a transpose)."""
     tiles, d_in, _ = wp.shape
-    return wp.transpose(1, 0, 2).reshape(d_in, tiles * TILE)[:, :d_out]
+    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, tiles * TILE)[:, :d_out])
 
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call). x may also
     come as [rows, h, d] with h · d = in (heads not flattened first: see ``Linear.__call__``)."""
-    bf16 = wp.dtype == jnp.bfloat16
+    bf16 = wp.dtype == jnp.uint16
     (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     target = TARGET_BF16 if bf16 else TARGET

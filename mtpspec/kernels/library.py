@@ -16,7 +16,7 @@ _HERE = pathlib.Path(__file__).parent
 PATTERN = "_cpu_kernels*.so"
 # The interface version these Python wrappers expect (``mtpspec_cpu_kernels_abi()`` in
 # cpu_linear.cc; bumped whenever a target's arguments or attributes change).
-ABI = 6
+ABI = 7
 
 
 @functools.cache

@@ -98,15 +98,23 @@ def forward_hidden(config: ModelConfig, params: dict, tokens, *, gdn_method: str
     return _forward(config, params, jnp.asarray(tokens, jnp.int32), gdn_method)
 
 
-def window_step_impl(config, params, state, tokens, valid, gdn_method, gdn_states=False):
-    """Unjitted body of ``window_step`` (for use inside other jitted code)."""
+def window_step_impl(
+    config, params, state, tokens, valid, gdn_method, gdn_states=False, logits_at=None
+):
+    """Unjitted body of ``window_step`` (for use inside other jitted code). ``logits_at`` [b]
+    (a row per sequence): the LM head runs on that row only and ``logits`` is [b, 1, V] (a
+    prefill needs the last prompt row's: the head is a third of a real-size model, and a
+    custom-call head cannot be sliced by XLA after the fact)."""
     x = params["embed"][tokens]
     x, caches, commits = _run_layers(
         config, params, x, state.lengths, valid, state.layers, gdn_method, gdn_states
     )
     hidden = layers.norm(config, x, params["final_norm"])
     new_state = state._replace(layers=caches, lengths=state.lengths + valid)
-    return StepOutput(lm_logits(config, params, hidden), hidden, new_state, commits)
+    rows = hidden
+    if logits_at is not None:
+        rows = jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1)
+    return StepOutput(lm_logits(config, params, rows), hidden, new_state, commits)
 
 
 _window_step = compiled.jit(

@@ -2,21 +2,29 @@
 
     impl = resolve_linear("auto")                        # "ffi" on CPU when the kernel is built
     iparams = inference_params(config, params, impl)     # fused (and packed) copy, for decoding
+    weights = decoding_weights(config, params)           # the same as a value ``generate`` takes
 
 Canonical parameter trees (training, checkpoints, HF export, sharding) are never changed: this is
 a separate tree made for decoding, in which
 
   * projections that read the same input are one ``Linear`` whose output is split afterwards
     (attention q|gate|k|v, GDN qkv|z|b|a, MLP gate|up), as serving engines do;
-  * every other matrix (attention and GDN out-projections, MLP down, MTP fc, the LM head — the
-    transposed embedding when tied) is a ``Linear`` too.
+  * every other matrix (attention and GDN out-projections, MLP down, MTP fc, the LM head) is a
+    ``Linear`` too;
+  * the embedding is an ``Embedding``: with tied weights it *is* the LM head's weight (packed
+    for the C++ linear, or the [V, H] matrix read transposed by XLA's dot), stored once.
 
 A ``Linear`` with ``impl="ffi"`` holds its weight packed for ``kernels.cpu_linear`` and calls it
-for up to ``FFI_MAX_ROWS`` rows (the decode step, the verify window, a prompt of up to 256
-tokens); beyond that (longer prefills) it unpacks in the program and uses XLA's dot.
-``impl="xla"`` keeps a plain fused [in, out] matrix.
-Every attention block carries an ``AttentionCore`` marker: "ffi" runs ``kernels.cpu_attention``
-for decode windows, "xla" XLA's form (``resolve_attention``, ``mark_attention``).
+for any number of rows (decode steps, verify windows, prefills); ``impl="xla"`` keeps a plain
+fused [in, out] matrix. Every attention block carries an ``AttentionCore`` marker: "ffi" runs
+``kernels.cpu_attention`` for decode windows, "xla" XLA's form (``resolve_attention``,
+``mark_attention``).
+
+``generate(config, params)`` on a canonical tree builds (and memoises, ``MEMO``) the decoding
+tree beside it: two copies of the weights while the caller keeps ``params``. A
+``DecodingWeights`` (``decoding_weights(config, params)``, or ``checkpoints.load(path,
+for_decoding=True)``, which converts layer by layer as it frees the canonical leaves) is the
+decoding tree alone: one copy.
 """
 
 from __future__ import annotations
@@ -24,23 +32,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import math
 import threading
 
 import jax
 import jax.numpy as jnp
-from jax.lax import Precision
 
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention, cpu_linear
+from mtpspec.models.linear import Embedding, Linear
+
+__all__ = ["Embedding", "Linear"]  # re-exported: the decoding tree's leaves
 
 log = logging.getLogger(__name__)
-HIGHEST = Precision.HIGHEST
 LINEAR_IMPLS = ("auto", "xla", "ffi")
-# rows (batch × window) up to which the C++ kernel is used, XLA's dot on the unpacked weight
-# beyond: a 160-token prefill of the default model took 25 ms through the kernel, 37-42 ms
-# unpacking, 26 ms with linear="xla" (BUILD_NOTES 2026-12-02, fourth session)
-FFI_MAX_ROWS = 256
 
 FUSED = {
     "attn": ("w_q", "w_gate", "w_k", "w_v"),
@@ -52,68 +56,6 @@ SINGLE = {"attn": ("w_o",), "gdn": ("w_out",), "mlp": ("w_down",), "moe": ("rout
 
 def fused_name(names: tuple[str, ...]) -> str:
     return "+".join(names)
-
-
-@jax.tree_util.register_pytree_node_class
-class Linear:
-    """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [tiles, in, 16]
-    ("ffi"); ``splits`` are the output widths of the projections fused in it."""
-
-    def __init__(self, w, d_in: int, splits: tuple[int, ...], impl: str):
-        self.w, self.d_in, self.splits, self.impl = w, d_in, tuple(splits), impl
-
-    @property
-    def d_out(self) -> int:
-        return sum(self.splits)
-
-    def tree_flatten(self):
-        return (self.w,), (self.d_in, self.splits, self.impl)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
-
-    def __repr__(self):
-        return f"Linear({self.d_in}->{self.splits}, impl={self.impl!r})"
-
-    def __call__(self, x: jax.Array, heads: bool = False) -> jax.Array:
-        """x [..., in] -> [..., out] float32. ``heads``: x is [..., h, d] with h · d = in (the
-        kernel takes it as is: XLA:CPU fuses a reshape to [rows, in] into the producing fusion
-        and then indexes its per-head operands through divisions, which it does not vectorise —
-        the GDN output's gated norm ran scalar, ~10 µs per layer of a verify window)."""
-        if heads:
-            lead, inner = x.shape[:-2], x.shape[-2:]
-            if math.prod(inner) != self.d_in:
-                raise ValueError(f"heads {inner} do not make the input width {self.d_in}")
-        else:
-            lead, inner = x.shape[:-1], x.shape[-1:]
-        rows = math.prod(lead)
-        if self.impl == "ffi" and rows <= FFI_MAX_ROWS:
-            y = cpu_linear.apply(x.reshape(rows, *inner), self.w, self.d_out)
-            return y.reshape(*lead, self.d_out)
-        x = x.reshape(*lead, self.d_in)
-        w = cpu_linear.unpack(self.w, self.d_out) if self.impl == "ffi" else self.w
-        return jnp.matmul(
-            x, w.astype(x.dtype), precision=HIGHEST, preferred_element_type=jnp.float32
-        )
-
-    @classmethod
-    def of(cls, w, impl: str, splits: tuple[int, ...] | None = None) -> Linear:
-        """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi")."""
-        w = jnp.asarray(w)
-        d_in, d_out = w.shape
-        # bf16 weights stay bf16 in the packed kernel (widened exactly in registers)
-        store = jnp.bfloat16 if w.dtype == jnp.bfloat16 else jnp.float32
-        packed = cpu_linear.pack(w, store) if impl == "ffi" else w
-        return cls(packed, d_in, splits or (d_out,), impl)
-
-    def split(self, y: jax.Array) -> list[jax.Array]:
-        """The fused output split back into its projections."""
-        cuts, at = [], 0
-        for s in self.splits[:-1]:
-            at += s
-            cuts.append(at)
-        return jnp.split(y, cuts, axis=-1)
 
 
 _logged: set = set()
@@ -253,28 +195,91 @@ def inference_params(config: ModelConfig, params: dict, impl: str, attention: st
             f"inference_params needs resolved implementations, got {impl!r}, {attention!r}"
         )
     check_finite(params)
-    stored = params
-    if config.dtype == "float32":  # a bf16 model decoded in float32 (``compute_config``)
-        params = _widen_vectors(params)
-    out = dict(params)
-    out["layers"] = [
-        _layer(config, config.mlp_types[i], p, impl) for i, p in enumerate(params["layers"])
-    ]
-    head = stored["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    out["lm_head"] = Linear.of(head, impl)
+    return mark_attention(_convert(config, params, impl, consume=False), attention)
+
+
+def _delete_unshared(canonical, made) -> None:
+    """Delete the jax-array leaves of ``canonical`` that ``made`` does not hold itself."""
+    kept = {id(x) for x in jax.tree_util.tree_leaves(made)}
+    for x in jax.tree_util.tree_leaves(canonical):
+        if isinstance(x, jax.Array) and id(x) not in kept and not x.is_deleted():
+            x.delete()
+
+
+def _is_converted(p) -> bool:
+    leaves = jax.tree_util.tree_leaves(p, is_leaf=lambda x: isinstance(x, Linear))
+    return any(isinstance(x, Linear) for x in leaves)
+
+
+def convert_module(config: ModelConfig, key: tuple, p: dict, impl: str, consume: bool) -> dict:
+    """One decoder layer (``key`` = ("layers", i)) or the MTP module (("mtp",)) of a canonical
+    tree in the decoding layout, for the compute ``config`` (``compute_config``: a bf16 model
+    decoded in float32 gets its vectors widened). ``consume``: delete the canonical leaves the
+    result does not share (the caller owns the only reference)."""
+    widen = _widen_vectors if config.dtype == "float32" else (lambda q: q)
+    if key[0] == "layers":
+        out = _layer(config, config.mlp_types[key[1]], widen(p), impl)
+    elif key == ("mtp",):
+        out = widen(dict(p))
+        out["fc"] = Linear.of(out["fc"], impl)
+        out["layer"] = _layer(config, config.mtp_mlp_type, out["layer"], impl)
+    elif key == ("embed",):  # tied: packed as the head, which then shares this array
+        if config.tie_word_embeddings and impl == "ffi":
+            out = Embedding(Linear.of_rows(p, impl).w, True, config.dtype)
+        elif config.tie_word_embeddings:  # XLA's dot reads the table as the head, in place
+            out = Embedding(p, False, config.dtype)
+        else:
+            out = Embedding.table(p, config.dtype)
+    elif key == ("lm_head",):
+        out = Linear.of(p, impl)
+    else:
+        raise ValueError(
+            f"convert_module converts a layer, the MTP module or the embedding, not {key}"
+        )
+    if consume:
+        _delete_unshared(p, out)
+    return out
+
+
+def _convert(config: ModelConfig, params: dict, impl: str, consume: bool) -> dict:
+    """The decoding tree (no attention markers), module by module (modules converted already,
+    by a loader's ``convert_module`` calls, are kept). ``consume``: delete each canonical leaf
+    the new tree does not share as soon as its module is converted, so the two copies are never
+    both resident."""
+    widen = _widen_vectors if config.dtype == "float32" else (lambda q: q)
+
+    def module(key, p):
+        done = isinstance(p, Embedding | Linear) or (isinstance(p, dict) and _is_converted(p))
+        return p if done else convert_module(config, key, p, impl, consume)
+
+    rest = {k: v for k, v in params.items() if k not in ("layers", "embed", "lm_head", "mtp")}
+    out = widen(rest)
+    if consume:
+        _delete_unshared(rest, out)
+    out["layers"] = [module(("layers", i), p) for i, p in enumerate(params["layers"])]
     if "mtp" in params:
-        mtp = dict(params["mtp"])
-        mtp["fc"] = Linear.of(mtp["fc"], impl)
-        mtp["layer"] = _layer(config, config.mtp_mlp_type, mtp["layer"], impl)
-        out["mtp"] = mtp
-    return mark_attention(out, attention)
+        out["mtp"] = module(("mtp",), params["mtp"])
+    out["embed"] = emb = module(("embed",), params["embed"])
+    if config.tie_word_embeddings:  # the head is the embedding's array
+        h, v = config.hidden_size, config.vocab_size
+        out["lm_head"] = Linear(emb.w, h, (v,), impl, transposed=not emb.packed)
+    else:
+        out["lm_head"] = module(("lm_head",), params["lm_head"])
+    return out
+
+
+def canonical_head(config: ModelConfig, params: dict) -> Linear:
+    """The LM head of a canonical tree as an "xla" ``Linear`` over the same array (no copy)."""
+    if config.tie_word_embeddings:
+        return Linear.of_rows(params["embed"], "xla")
+    return Linear.of(params["lm_head"], "xla")
 
 
 def _widen_vectors(params):
-    """Every bf16 leaf but the matrices that become ``Linear`` (packed in bf16) as float32:
-    norms, gates, conv taps, the embedding rows gathered per token."""
+    """Every bf16 leaf but the matrices that become ``Linear`` (packed in bf16) and the embedding
+    table (gathered, then widened per row: ``Embedding``) as float32: norms, gates, conv taps."""
     matrices = {*SINGLE["attn"], *SINGLE["gdn"], *SINGLE["mlp"], *SINGLE["moe"], "fc", "lm_head"}
-    matrices |= {n for names in FUSED.values() for n in names}
+    matrices |= {n for names in FUSED.values() for n in names} | {"embed"}
 
     def widen(path, x):
         name = str(getattr(path[-1], "key", ""))
@@ -347,9 +352,12 @@ class _Memo:
     def get(self, config: ModelConfig, params, impl: str, attention: str = "xla"):
         """The inference tree of ``params`` (``inference_params``), memoised by linear
         implementation: the attention markers go on a shallow copy that shares its leaves."""
-        tree = self.cached(
-            (config, impl), params, lambda: inference_params(config, params, impl, "xla")
-        )
+        if isinstance(params, DecodingWeights):  # made already (host.prepare checked impl)
+            tree = params.tree
+        else:
+            tree = self.cached(
+                (config, impl), params, lambda: inference_params(config, params, impl, "xla")
+            )
         return tree if attention == "xla" else mark_attention(tree, attention)
 
 
@@ -360,3 +368,78 @@ def check_finite_once(params) -> None:
 
 
 MEMO = _Memo()
+
+
+class DecodingWeights:
+    """A model's weights in the decoding layout only (``decoding_weights`` or
+    ``checkpoints.load(path, for_decoding=True)``): what ``generate`` and the rest of
+    ``mtpspec.decoding`` run on, without the canonical tree beside it.
+
+    ``config`` is the checkpoint's config (the one to pass to ``generate``), ``linear`` the
+    implementation the matrices were made for ("ffi": packed for the C++ CPU linear; "xla"),
+    ``tree`` the decoding tree. It cannot train, be exported or be sharded: those take the
+    canonical tree. ``nbytes``: the bytes the weights hold."""
+
+    def __init__(self, config: ModelConfig, tree: dict, linear: str):
+        self.config, self.tree, self.linear = config, tree, linear
+
+    def __contains__(self, key) -> bool:
+        return key in self.tree
+
+    def __getitem__(self, key):
+        return self.tree[key]
+
+    @property
+    def nbytes(self) -> int:
+        unique = {id(x): x for x in jax.tree_util.tree_leaves(self.tree)}  # embed = head: once
+        return sum(x.nbytes for x in unique.values())
+
+    def __repr__(self):
+        return (
+            f"DecodingWeights({len(self.config.layer_types)} layers, H {self.config.hidden_size}, "
+            f"linear={self.linear!r}, {self.nbytes / 2**30:.2f} GiB)"
+        )
+
+    def check_call(self, config: ModelConfig, linear: str, mesh) -> str:
+        """The linear implementation a decoding call runs these weights with: ``linear``
+        ("auto" -> the weights' own); ValueError for another config, another explicit
+        implementation or a device mesh."""
+        if config != self.config:
+            raise ValueError(
+                "these DecodingWeights were made for another config than the one passed "
+                "(pass the config they were loaded or made with)"
+            )
+        if mesh is not None:
+            raise ValueError(
+                "DecodingWeights cannot be sharded over a device mesh; load the canonical tree "
+                "(checkpoints.load without for_decoding) to decode under a mesh"
+            )
+        if linear not in ("auto", self.linear):
+            raise ValueError(
+                f"these DecodingWeights were made for linear={self.linear!r}; linear={linear!r} "
+                "needs weights made for it (decoding_weights(config, params, linear=...))"
+            )
+        return self.linear
+
+
+def decoding_weights(
+    config: ModelConfig, params: dict, *, linear: str = "auto", consume: bool = False
+) -> DecodingWeights:
+    """The decoding layout of a canonical ``params`` (checked against ``config``) as a
+    ``DecodingWeights``: fused projections, packed for the C++ linear when ``linear`` resolves
+    to "ffi" (bf16 matrices stay bf16 there), the tied embedding stored once. Decoding it holds
+    one copy of the weights once the canonical tree is dropped. ``consume=True`` deletes the
+    canonical leaves module by module as they are converted (``params`` is unusable after; for
+    a tree nothing else references, such as a fresh load)."""
+    from mtpspec.models.params import check_param_tree
+
+    check_param_tree(config, params, allow_missing_mtp=True)
+    check_finite(params)
+    return finish_decoding_weights(config, params, resolve_linear(linear), consume)
+
+
+def finish_decoding_weights(config: ModelConfig, params: dict, impl: str, consume: bool):
+    """``DecodingWeights`` from a checked tree whose modules may already be converted
+    (``convert_module``, called by a loader as each module completes); no checks."""
+    tree = _convert(compute_config(config, impl), params, impl, consume)
+    return DecodingWeights(config, tree, impl)

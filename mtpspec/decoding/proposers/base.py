@@ -89,7 +89,8 @@ class Proposer:
 
     def device_params(self, spec, s, params) -> Any:
         """The proposer's own traced arguments (weights), or None, for the validated ``spec``,
-        the program key ``s`` and the target's canonical ``params``."""
+        the program key ``s`` and the target's ``params`` as the caller passed them (a
+        canonical tree or ``DecodingWeights``)."""
         return None
 
     def shard_params(self, pparams, mesh) -> Any:

@@ -43,15 +43,11 @@ class DraftHead(NamedTuple):
     head: inference.Linear
 
 
-def draft_head(config, params, ids, linear: str) -> DraftHead:
-    """The subset head of a canonical ``params`` (the tied embedding's rows, or lm_head's columns)
-    for a resolved linear implementation."""
+def draft_head(head: inference.Linear, ids, linear: str) -> DraftHead:
+    """The subset of a decoding tree's LM head ``head`` (its columns ``ids``, in the head's
+    stored dtype) for a resolved linear implementation."""
     idx = jnp.asarray(ids, jnp.int32)
-    if config.tie_word_embeddings:
-        w = jnp.take(params["embed"], idx, axis=0).T
-    else:
-        w = jnp.take(params["lm_head"], idx, axis=1)
-    return DraftHead(idx, inference.Linear.of(w, linear))
+    return DraftHead(idx, inference.Linear.of(head.columns(idx), linear))
 
 
 def scatter_q(q: jax.Array, ids: jax.Array, vocab: int) -> jax.Array:
@@ -81,10 +77,12 @@ class MTPProposer(Proposer):
         if spec.draft_vocab is None:
             return None
         dv = spec.draft_vocab
+        if s.mesh is None:  # the decoding tree's head (built once, shared with the target)
+            head = inference.MEMO.get(s.config, params, s.linear)["lm_head"]
+        else:  # under a mesh the canonical tree runs
+            head = inference.canonical_head(s.config, params)
         return inference.MEMO.cached(
-            ("draft_head", s.config, dv, s.linear),
-            params,
-            lambda: draft_head(s.config, params, dv.ids, s.linear),
+            ("draft_head", s.config, dv, s.linear), head, lambda: draft_head(head, dv.ids, s.linear)
         )
 
     def shard_params(self, pparams, mesh):

@@ -1,0 +1,147 @@
+"""The decoding tree's matrices and embedding: ``Linear`` (an inference weight, applied by XLA's dot
+or the C++ CPU linear on its packed form) and ``Embedding`` (the token table, or a tied model's
+packed LM head read as one). ``models/inference.py`` builds both."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.lax import Precision
+
+from mtpspec.kernels import cpu_linear
+
+HIGHEST = Precision.HIGHEST
+
+
+@jax.tree_util.register_pytree_node_class
+class Linear:
+    """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [tiles, in, 16]
+    ("ffi"); ``splits`` are the output widths of the projections fused in it."""
+
+    def __init__(self, w, d_in: int, splits: tuple[int, ...], impl: str, transposed: bool = False):
+        self.w, self.d_in, self.splits, self.impl = w, d_in, tuple(splits), impl
+        self.transposed = transposed  # "xla" only: w is [out, in] (a tied embedding as head)
+
+    @property
+    def d_out(self) -> int:
+        return sum(self.splits)
+
+    def tree_flatten(self):
+        return (self.w,), (self.d_in, self.splits, self.impl, self.transposed)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    def __repr__(self):
+        t = ", transposed" if self.transposed else ""
+        return f"Linear({self.d_in}->{self.splits}, impl={self.impl!r}{t})"
+
+    def __call__(self, x: jax.Array, heads: bool = False) -> jax.Array:
+        """x [..., in] -> [..., out] float32. ``heads``: x is [..., h, d] with h · d = in (the
+        kernel takes it as is: XLA:CPU fuses a reshape to [rows, in] into the producing fusion
+        and then indexes its per-head operands through divisions, which it does not vectorise —
+        the GDN output's gated norm ran scalar, ~10 µs per layer of a verify window)."""
+        if heads:
+            lead, inner = x.shape[:-2], x.shape[-2:]
+            if math.prod(inner) != self.d_in:
+                raise ValueError(f"heads {inner} do not make the input width {self.d_in}")
+        else:
+            lead, inner = x.shape[:-1], x.shape[-1:]
+        rows = math.prod(lead)
+        if self.impl == "ffi":
+            y = cpu_linear.apply(x.reshape(rows, *inner), self.w, self.d_out)
+            return y.reshape(*lead, self.d_out)
+        x = x.reshape(*lead, self.d_in)
+        w = self.w.astype(x.dtype)
+        if self.transposed:
+            dims = (((x.ndim - 1,), (1,)), ((), ()))
+            return jax.lax.dot_general(
+                x, w, dims, precision=HIGHEST, preferred_element_type=jnp.float32
+            )
+        return jnp.matmul(x, w, precision=HIGHEST, preferred_element_type=jnp.float32)
+
+    @classmethod
+    def of(cls, w, impl: str, splits: tuple[int, ...] | None = None) -> Linear:
+        """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi")."""
+        w = jnp.asarray(w)
+        d_in, d_out = w.shape
+        # bf16 weights stay bf16 in the packed kernel (widened exactly in registers)
+        store = jnp.bfloat16 if w.dtype == jnp.bfloat16 else jnp.float32
+        packed = cpu_linear.pack(w, store) if impl == "ffi" else w
+        return cls(packed, d_in, splits or (d_out,), impl)
+
+    @classmethod
+    def of_rows(cls, w_t, impl: str) -> Linear:
+        """The ``Linear`` of an [out, in] matrix (y = x @ w_tᵀ; a tied embedding as the LM head):
+        packed for "ffi" (straight from the rows, no transposed copy first), read in place by
+        XLA's dot for "xla"."""
+        w_t = jnp.asarray(w_t)
+        d_out, d_in = w_t.shape
+        if impl == "ffi":
+            store = jnp.bfloat16 if w_t.dtype == jnp.bfloat16 else jnp.float32
+            return cls(cpu_linear.pack_rows(w_t, store), d_in, (d_out,), impl)
+        return cls(w_t, d_in, (d_out,), impl, transposed=True)
+
+    def columns(self, ids: jax.Array) -> jax.Array:
+        """Output columns ``ids`` [N] of the weight as an [in, N] matrix in its stored dtype
+        (a draft vocabulary's rows of the LM head)."""
+        if self.impl == "ffi":
+            return cpu_linear.as_stored(cpu_linear.packed_columns(self.w, ids)).T
+        return jnp.take(self.w, ids, axis=0).T if self.transposed else jnp.take(self.w, ids, axis=1)
+
+    def split(self, y: jax.Array) -> list[jax.Array]:
+        """The fused output split back into its projections."""
+        cuts, at = [], 0
+        for s in self.splits[:-1]:
+            at += s
+            cuts.append(at)
+        return jnp.split(y, cuts, axis=-1)
+
+
+@jax.tree_util.register_pytree_node_class
+class Embedding:
+    """The token embedding of a decoding tree: ``emb[tokens]`` -> tokens.shape + [H] in
+    ``dtype`` (the compute dtype; rows are gathered, then widened, never the whole table).
+    ``w`` is the [V, H] table, or with ``packed`` the LM head's packed weight [tiles, H, 16] of
+    a tied model — the same array the head holds, so the table is stored once (row v is the
+    head's column v: a strided gather of H values). A bf16 table is held as uint16 bit patterns
+    (``cpu_linear.widen``: XLA:CPU would widen a whole bf16 table to gather from it)."""
+
+    def __init__(self, w, packed: bool, dtype: str):
+        self.w, self.packed, self.dtype = w, packed, dtype
+
+    @classmethod
+    def table(cls, w, dtype: str) -> Embedding:
+        """An unpacked [V, H] table (bf16 stored as its bit patterns)."""
+        if w.dtype == jnp.bfloat16:
+            w = jax.jit(lambda t: jax.lax.bitcast_convert_type(t, jnp.uint16))(w)
+        return cls(w, False, dtype)
+
+    def tree_flatten(self):
+        return (self.w,), (self.packed, self.dtype)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    def __repr__(self):
+        return f"Embedding({'packed head' if self.packed else 'table'}, {self.dtype})"
+
+    def _raw(self, ids) -> jax.Array:
+        ids = jnp.asarray(ids, jnp.int32)
+        if self.packed:
+            return cpu_linear.packed_columns(self.w, ids)
+        return jnp.take(self.w, ids, axis=0)
+
+    def rows(self, ids) -> jax.Array:
+        """Rows ``ids`` in the stored dtype."""
+        return cpu_linear.as_stored(self._raw(ids))
+
+    def __getitem__(self, tokens) -> jax.Array:
+        raw = self._raw(tokens)
+        if raw.dtype == jnp.uint16:
+            return cpu_linear.widen(raw).astype(self.dtype)  # exact either way
+        return raw.astype(self.dtype)
