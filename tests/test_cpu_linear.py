@@ -296,7 +296,7 @@ def test_explicit_ffi_under_a_mesh_is_refused_and_auto_runs_xla(model):
 
 @built
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 64])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 64, 131])
 @pytest.mark.parametrize("d_in, d_out", [(128, 768), (33, 17), (70, 48), (1, 1)])
 def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in, d_out, isa):
     """bf16 packing halves the bytes and changes no value: bit for bit the f32 kernel's result on

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "isa.h"
 #include "parallel.h"
@@ -37,13 +38,39 @@ namespace {
 constexpr int64_t kTile = 16;
 
 // Weights are float32 or bfloat16 (uint16: the top half of a float32). A bf16 weight is widened
-// exactly (shifted into the top half) in registers, so a bf16 tile gives bit for bit what the
+// exactly (moved into the top half) in registers, so a bf16 tile gives bit for bit what the
 // float32 kernel gives on the same weights widened, at half the bytes streamed.
+//
+// Load16 gives a tile row's 16 weights in two registers. For bf16 it interleaves them with zeros
+// (one unpack per 8 weights; unpacking works within 128-bit lanes), so the registers hold
+// columns {0-3, 8-11} and {4-7, 12-15}: every column still gets its own lane and the same
+// sequence of FMAs, and Store16 puts the lanes back in column order once per output. Widening
+// in column order (zero-extend, then shift: 5 instructions per 16 weights instead of 2) left a
+// 4-row bf16 window compute-bound, at 0.75 of the 1-row stream rate.
 __attribute__((target("avx2,fma"))) inline void Load16(const float* w, __m256& a, __m256& b) {
   a = _mm256_loadu_ps(w);
   b = _mm256_loadu_ps(w + 8);
 }
 __attribute__((target("avx2,fma"))) inline void Load16(const uint16_t* w, __m256& a, __m256& b) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i zero = _mm256_setzero_si256();
+  a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));  // columns 0-3, 8-11
+  b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));  // columns 4-7, 12-15
+}
+// The 16 sums of a tile row in column order (Load16's lane order undone for bf16).
+template <typename W>
+__attribute__((target("avx2,fma"))) inline void Store16(float* out, __m256 a, __m256 b) {
+  if constexpr (sizeof(W) == 2) {
+    const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);
+    b = _mm256_permute2f128_ps(a, b, 0x31);
+    a = lo;
+  }
+  _mm256_storeu_ps(out, a);
+  _mm256_storeu_ps(out + 8, b);
+}
+// bf16 -> float32 in column order (the prefill's tile widening, ``Widen``).
+__attribute__((target("avx2,fma"))) inline void Load16InOrder(const uint16_t* w, __m256& a,
+                                                              __m256& b) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   a = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
   b = _mm256_castsi256_ps(
@@ -100,8 +127,7 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
       y0 = _mm256_add_ps(y0, acc[s][r][0]);
       y1 = _mm256_add_ps(y1, acc[s][r][1]);
     }
-    _mm256_storeu_ps(out + r * ldo, y0);
-    _mm256_storeu_ps(out + r * ldo + 8, y1);
+    Store16<W>(out + r * ldo, y0, y1);
   }
 }
 
@@ -219,24 +245,52 @@ constexpr Isa kIsas[2] = {
      {nullptr, Pair512<1, 4, W>, Pair512<2, 2, W>, Pair512<3, 2, W>, Pair512<4, 1, W>,
       Pair512<5, 1, W>, Pair512<6, 1, W>}}};
 
+// bf16 tiles are widened once per row block from this many rows on (below, in the inner loop:
+// a decode step or verify window streams the weights once and has no arithmetic to spare).
+constexpr int64_t kWidenRows = 12;
+
+// count bf16 values (uint16 bit patterns) -> float32, exactly; count is a multiple of 16.
+__attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t count,
+                                                      float* out) {
+  for (int64_t i = 0; i < count; i += 16) {
+    __m256 a, b;
+    Load16InOrder(w + i, a, b);
+    _mm256_storeu_ps(out + i, a);
+    _mm256_storeu_ps(out + i + 8, b);
+  }
+}
+inline void Widen(const float*, int64_t, float*) {}  // float32 weights are never widened
+
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
 // the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
 // depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
 // tile prefetches (the later ones find the tile in L1). With AVX-512, full tiles go two at a time.
+// `wide` (bf16 weights, many rows): each tile is widened to float32 once into `buf` and every
+// block runs the float32 loop on it, instead of widening in every block's inner loop (the
+// conversion cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact,
+// so the result is bit for bit the same.
 template <typename W>
-void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const W* w, int64_t n,
-              float* y, int64_t t0, int64_t t1, int64_t pf) {
+void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
+              const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
   for (int64_t t = t0; t < t1;) {
     const W* wt = w + t * k * kTile;
     const int64_t c0 = t * kTile;
     const int64_t width = n - c0 < kTile ? n - c0 : kTile;
     const bool pair = isa.pairs[1] != nullptr && t + 1 < t1 && c0 + 2 * kTile <= n;
-    const BlockFn* fns = pair ? isa.pairs : isa.blocks;
+    const Isa& use = wide != nullptr ? *wide : isa;
+    const BlockFn* fns = pair ? use.pairs : use.blocks;
+    const void* tile = wt;
+    int64_t tile_pf = pf;
+    if (wide != nullptr) {
+      Widen(wt, (pair ? 2 : 1) * k * kTile, buf);
+      tile = buf;
+      tile_pf = 0;
+    }
     int64_t r = 0;
     for (; r + 6 <= rows; r += 6) {
-      fns[6](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+      fns[6](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
     }
-    if (r < rows) fns[rows - r](x + r * k, k, wt, y + r * n, n, c0, width, r == 0 ? pf : 0);
+    if (r < rows) fns[rows - r](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
     t += pair ? 2 : 1;
   }
 }
@@ -244,13 +298,16 @@ void RowTiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const W* 
 // Rows are taken kRowBlock at a time (a prefill's rows stay in L2 while every tile streams past
 // them; a decode step or verify window is one block).
 constexpr int64_t kRowBlock = 60;  // a multiple of 6
-
 template <typename W>
-void Tiles(const Isa& isa, const float* x, int64_t rows, int64_t k, const W* w, int64_t n,
-           float* y, int64_t t0, int64_t t1, int64_t pf) {
+void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
+           int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+  const bool widen = sizeof(W) == 2 && rows >= kWidenRows;
+  thread_local std::vector<float> buf;
+  if (widen && buf.size() < static_cast<size_t>(2 * k * kTile)) buf.resize(2 * k * kTile);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
-    RowTiles(isa, x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
+    const Isa* wide = widen && rn >= kWidenRows ? &f32 : nullptr;
+    RowTiles(isa, wide, buf.data(), x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
   }
 }
 
@@ -278,13 +335,15 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_linear: ") + bad);
   }
   const Isa& set = kIsas<W>[isa];
+  const Isa& f32 = kIsas<float>[isa];
   const float* xp = x.typed_data();
   const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
   // Units are pairs of tiles, so AVX-512's pairs stay whole in every chunk; 4 chunks a thread.
   mtpspec::ParallelFor(pool, threads, (tiles + 1) / 2, tiles >= 2 && rows * k * n >= kMinShared,
                        4, [&](int64_t u0, int64_t u1) {
-                         Tiles(set, xp, rows, k, wp, n, yp, 2 * u0, std::min(tiles, 2 * u1), pf);
+                         Tiles(set, f32, xp, rows, k, wp, n, yp, 2 * u0, std::min(tiles, 2 * u1),
+                               pf);
                        });
   return ffi::Error::Success();
 }

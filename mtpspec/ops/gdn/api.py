@@ -47,12 +47,12 @@ logger = logging.getLogger("mtpspec.ops")
 GDN_METHODS = ("auto", "recurrent", "chunk", "assoc", "pallas", "ffi")
 # Decoding windows and prefills of up to FFI_MAX_T tokens run the native kernel ("ffi") under
 # "auto" on CPU when it is built and one head's state (k·v floats) is at most FFI_MAX_HEAD_STATE:
-# the kernel walks S token by token, which beat the chunked form up to t = 32 at 32×32 and 64×64
-# heads and lost to it at 128×128 (S no longer in L1), BUILD_NOTES.md 2026-12-02; at 64×64 it
-# took 0.42-0.65 of the chunked form's time at every t from 16 to 2048 (fifth session), so
-# prefills use it too.
+# the kernel walks S token by token; at 64×64 heads it took 0.42-0.65 of the chunked form's time
+# at every t from 16 to 2048, and at Qwen3.5's 128×128 heads (16 of them) 0.39-0.47 at t = 1, 2,
+# 4, 6, 64 and 512 (`python -m experiments.bench_gdn --methods=chunk,ffi --key_heads=16
+# --value_heads=16 --lengths=1,2,4,6,64,512`, BUILD_NOTES.md 2026-12-05).
 FFI_MAX_T = 2048
-FFI_MAX_HEAD_STATE = 64 * 64
+FFI_MAX_HEAD_STATE = 128 * 128
 # Default chunk length per platform: 64 as in fla/HF on GPU; on CPU 32 measured fastest at
 # realistic heads (`python -m experiments.bench_gdn --chunk_size=...`, BUILD_NOTES.md).
 DEFAULT_CHUNK_SIZE = {"cpu": 32}
