@@ -131,13 +131,14 @@ def test_no_gradient_through_the_kernel_says_so():
 
 @built
 def test_auto_picks_the_kernel_only_for_decoding_windows(caplog):
-    small, large = 32 * 32, 128 * 128
+    small, large = 32 * 32, gdn_api.FFI_MAX_HEAD_STATE + 1
     assert ops.gdn_method_for("auto", 1, native=True, head_state=small) == "ffi"
     assert ops.gdn_method_for("auto", gdn_api.FFI_MAX_T, native=True, head_state=small) == "ffi"
     assert (
         ops.gdn_method_for("auto", gdn_api.FFI_MAX_T + 1, native=True, head_state=small) == "auto"
     )
-    assert ops.gdn_method_for("auto", 3, native=True, head_state=large) == "auto"  # S beyond L1
+    assert ops.gdn_method_for("auto", 3, native=True, head_state=128 * 128) == "ffi"  # Qwen3.5
+    assert ops.gdn_method_for("auto", 3, native=True, head_state=large) == "auto"  # S beyond L2
     assert ops.gdn_method_for("auto", 3, native=True) == "auto"  # head size unknown
     assert ops.gdn_method_for("auto", 3, head_state=small) == "auto"  # not decoding: never
     sharded = ops.gdn_method_for("auto", 3, native=True, head_state=small, sharded=True)

@@ -40,9 +40,9 @@ from mtpspec.checkpoints.hf_config import from_hf_config
 from mtpspec.checkpoints.safetensors_files import (  # noqa: F401 - INDEX_FILE, SINGLE_FILE: hf_export
     INDEX_FILE,
     SINGLE_FILE,
-    _index_tensors,
-    _open,
-    _shapes,
+    index_tensors,
+    open_file,
+    tensor_shapes,
 )
 from mtpspec.config import FULL, ModelConfig, check_dtype
 from mtpspec.models.params import check_param_tree
@@ -345,7 +345,7 @@ def load_hf(
     if dtype is not None:
         config = dataclasses.replace(config, dtype=check_dtype(dtype))
 
-    where = _index_tensors(path)
+    where = index_tensors(path)
     names = set(where)
     prefix = (
         "model.language_model."
@@ -375,12 +375,26 @@ def load_hf(
     if unexpected:
         more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
         raise ValueError(f"checkpoint {path} has unexpected tensor {unexpected[0]}{more}")
-    shapes = _shapes(where, needed)
+    shapes = tensor_shapes(where, needed)
     for s in specs:
         for n, want in zip(s.names, s.shapes, strict=True):
             if shapes[n] != want:
                 raise ValueError(f"tensor {n} has shape {list(shapes[n])}, expected {list(want)}")
 
+    params = _read_modules(config, where, specs, shardings, on_module)
+    if on_module is None:
+        check_param_tree(config, params)
+    return config, params
+
+
+def _read_modules(
+    config: ModelConfig,
+    where: dict[str, str],
+    specs: list[TensorSpec],
+    shardings,
+    on_module: Callable[[ModelConfig, tuple, dict], dict] | None,
+) -> dict:
+    """The tensors of ``specs`` read and converted module by module (``load_hf``)."""
     # Tensor by tensor (one module's worth of host copies at a time). The files are opened per
     # module and closed after it: safetensors maps a whole file, and every page read stays in
     # the process's resident set while the mapping lives (1.5 GB of page cache counted twice
@@ -395,7 +409,7 @@ def load_hf(
         def read_as_is(n: str) -> jax.Array:
             file = where[n]
             if file not in handles:
-                handles[file] = stack.enter_context(_open(file))
+                handles[file] = stack.enter_context(open_file(file))
             try:
                 with jax.default_device(cpu):
                     return handles[file].get_tensor(n)
@@ -446,6 +460,4 @@ def load_hf(
             del outs, value
         if current is not None:
             finish(current)
-    if on_module is None:
-        check_param_tree(config, params)
-    return config, params
+    return params

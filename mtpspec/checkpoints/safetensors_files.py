@@ -13,7 +13,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-def _open(file: str):
+def open_file(file: str):
     try:
         return safe_open(file, framework="flax")
     except FileNotFoundError as e:
@@ -22,7 +22,7 @@ def _open(file: str):
         raise OSError(f"cannot read safetensors file {file}: {e}") from e
 
 
-def _index_tensors(path: str) -> dict[str, str]:
+def index_tensors(path: str) -> dict[str, str]:
     """name -> file, for a single-file or sharded checkpoint; checks every file opens."""
     single = os.path.join(path, SINGLE_FILE)
     index = os.path.join(path, INDEX_FILE)
@@ -52,7 +52,7 @@ def _index_tensors(path: str) -> dict[str, str]:
 
     where: dict[str, str] = {}
     for file in files:
-        with _open(file) as f:
+        with open_file(file) as f:
             for name in f.keys():
                 if name in where:
                     raise ValueError(f"tensor {name} is in both {where[name]} and {file}")
@@ -67,7 +67,7 @@ def _index_tensors(path: str) -> dict[str, str]:
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
-def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
+def tensor_shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """name -> shape from the files' headers; a tensor that is not floating point is a
     TypeError (casting integers or booleans to weights would be silent garbage)."""
     by_file: dict[str, list[str]] = {}
@@ -75,7 +75,7 @@ def _shapes(where: dict[str, str], names: Sequence[str]) -> dict[str, tuple[int,
         by_file.setdefault(where[n], []).append(n)
     out = {}
     for file, ns in by_file.items():
-        with _open(file) as f:
+        with open_file(file) as f:
             for n in ns:
                 sl = f.get_slice(n)
                 if str(sl.get_dtype()) not in FLOAT_DTYPES:
