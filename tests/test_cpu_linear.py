@@ -100,6 +100,36 @@ def test_avx512_pairs_change_no_value(monkeypatch, rows):
         np.testing.assert_array_equal(paired[:, 16 * t : 16 * t + 16], alone)
 
 
+@built
+@pytest.mark.parametrize("storage", ["float32", "bfloat16"])
+@pytest.mark.parametrize("d_in", [70, 301])
+def test_a_rows_result_does_not_depend_on_its_window(monkeypatch, storage, d_in):
+    """Each output is summed in one order whatever the row count it is called with (issue 35):
+    row r of an R-row call (a verify window, a prefill) equals the same row called alone (a
+    decode step) bit for bit, on every instruction set, and both instruction sets agree. 301
+    inputs take several L1 chunks and leave a remainder. Negative control: the same products
+    summed in another order differ, so bit equality is a real check."""
+    rng = np.random.default_rng(d_in)
+    x = rng.standard_normal((131, d_in)).astype(np.float32)
+    w = rng.standard_normal((d_in, 40)).astype(np.float32)
+    wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
+    f = jax.jit(cpu_linear.apply, static_argnums=2)
+    by_isa = []
+    for isa in ISAS:
+        monkeypatch.setattr(cpu_linear, "ISA", isa)
+        alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 40)) for i in range(len(x))])
+        for rows in (2, 3, 4, 5, 6, 7, 13, 64, 131):
+            np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 40)), alone[:rows])
+        by_isa.append(alone)
+    for other in by_isa[1:]:
+        np.testing.assert_array_equal(other, by_isa[0])
+    perm = rng.permutation(d_in)
+    w_perm = jnp.asarray(w[perm], storage)
+    reordered = np.asarray(f(x[:, perm], cpu_linear.pack(w_perm, jnp.dtype(storage)), 40))
+    assert not np.array_equal(reordered, by_isa[0])
+    np.testing.assert_allclose(reordered, by_isa[0], rtol=1e-4, atol=1e-4)
+
+
 def test_bad_or_unsupported_isa_raises(monkeypatch):
     monkeypatch.setattr(cpu_linear, "ISA", "sse2")
     with pytest.raises(ValueError, match="isa 'sse2'"):

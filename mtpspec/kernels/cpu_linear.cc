@@ -84,33 +84,50 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// R rows (x[r] = x + r * k) of one 16-column tile into out[r * ldo .. + 16): S accumulator sets
-// take inputs i = s mod S in turn (independent FMA chains to hide latency), summed at the end.
-template <int R, int S, typename W>
-__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, const W* w,
-                                                         float* out, int64_t ldo, int64_t pf) {
-  __m256 acc[S][R][2];
+// Every output is summed in one order, whatever the number of rows called with it: input i goes
+// into accumulator set i mod 4 (four independent FMA chains per column), the last k mod 4 inputs
+// into set 0, and the sets are added ((s0 + s1) + s2) + s3. A row's result therefore does not
+// depend on the window it is in (a decode step's row equals the same row of a verify window or a
+// prefill, bit for bit: speculative greedy cannot flip a near-tie that plain greedy resolved).
+// AVX2 has 16 registers: one row keeps all 4 sets in registers (8 accumulators); 2-3 rows take 2
+// sets at a time, 4-6 rows one, over chunks of kChunk inputs small enough to stay in L1 while
+// every set passes over them, the other sets' sums waiting in a small buffer (loading and storing
+// a sum changes no bit).
+constexpr int kSets = 4;
+constexpr int64_t kChunk = 64;  // inputs per chunk (a multiple of kSets): 1-2 KB of a tile
+
+// Inputs [i0, i1) (multiples of 4 apart) of sets [s0, s0 + G) of R rows (x[r] = x + r * k) of
+// one 16-column tile into acc. pf: prefetch that many rows ahead, the G rows this set takes
+// (over the 4 / G passes of a chunk, every row).
+template <int R, int G, typename W>
+__attribute__((target("avx2,fma"), always_inline)) inline void Steps(const float* x, int64_t k,
+                                                                      const W* w, int64_t i0,
+                                                                      int64_t i1, int s0,
+                                                                      __m256 (&acc)[G][R][2],
+                                                                      int64_t pf) {
+  for (int64_t i = i0; i < i1; i += kSets) {
 #pragma GCC unroll 8
-  for (int s = 0; s < S; ++s)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[s][r][0] = acc[s][r][1] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + S <= k; i += S) {
-#pragma GCC unroll 8
-    for (int s = 0; s < S; ++s) {
-      const W* wi = w + (i + s) * kTile;
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
+    for (int g = 0; g < G; ++g) {
+      const int64_t at = i + s0 + g;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w + (at + pf) * kTile), _MM_HINT_T0);
       __m256 w0, w1;
-      Load16(wi, w0, w1);
+      Load16(w + at * kTile, w0, w1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + r * k + i + s);
-        acc[s][r][0] = _mm256_fmadd_ps(xb, w0, acc[s][r][0]);
-        acc[s][r][1] = _mm256_fmadd_ps(xb, w1, acc[s][r][1]);
+        const __m256 xb = _mm256_broadcast_ss(x + r * k + at);
+        acc[g][r][0] = _mm256_fmadd_ps(xb, w0, acc[g][r][0]);
+        acc[g][r][1] = _mm256_fmadd_ps(xb, w1, acc[g][r][1]);
       }
     }
   }
-  for (; i < k; ++i) {  // the last k mod S inputs, into set 0 (a static index keeps acc in registers)
+}
+
+// The last k mod 4 inputs into set 0 (acc[0]).
+template <int R, int G, typename W>
+__attribute__((target("avx2,fma"), always_inline)) inline void Tail(const float* x, int64_t k,
+                                                                     const W* w,
+                                                                     __m256 (&acc)[G][R][2]) {
+  for (int64_t i = k - k % kSets; i < k; ++i) {
     __m256 w0, w1;
     Load16(w + i * kTile, w0, w1);
 #pragma GCC unroll 8
@@ -120,14 +137,83 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
       acc[0][r][1] = _mm256_fmadd_ps(xb, w1, acc[0][r][1]);
     }
   }
+}
+
+// R rows of one 16-column tile into out[r * ldo .. + 16), G sets at a time.
+template <int R, int G, typename W>
+__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, const W* w,
+                                                         float* out, int64_t ldo, int64_t pf) {
+  static_assert(kSets % G == 0, "G must divide the number of sets");
+  const int64_t k4 = k - k % kSets;
+  __m256 acc[G][R][2];
+  if constexpr (G == kSets) {  // every set in registers: one pass
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    __m256 y0 = acc[0][r][0], y1 = acc[0][r][1];
-    for (int s = 1; s < S; ++s) {
-      y0 = _mm256_add_ps(y0, acc[s][r][0]);
-      y1 = _mm256_add_ps(y1, acc[s][r][1]);
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[g][r][0] = acc[g][r][1] = _mm256_setzero_ps();
+    Steps<R, G, W>(x, k, w, 0, k4, 0, acc, pf);
+    Tail<R, G, W>(x, k, w, acc);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256 y0 = acc[0][r][0], y1 = acc[0][r][1];
+      for (int s = 1; s < kSets; ++s) {
+        y0 = _mm256_add_ps(y0, acc[s][r][0]);
+        y1 = _mm256_add_ps(y1, acc[s][r][1]);
+      }
+      Store16<W>(out + r * ldo, y0, y1);
     }
-    Store16<W>(out + r * ldo, y0, y1);
+  } else {
+    alignas(32) float part[kSets][R][kTile];  // each set's sums (in Load16's lane order)
+    const __m256 zero = _mm256_setzero_ps();
+    for (int s = 0; s < kSets; ++s)
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(part[s][r], zero);
+        _mm256_store_ps(part[s][r] + 8, zero);
+      }
+    // prefetch two chunks ahead: a chunk's passes take about one memory latency
+    const int64_t ahead = pf ? 2 * kChunk : 0;
+    for (int64_t c0 = 0; c0 < k4; c0 += kChunk) {
+      const int64_t c1 = std::min(c0 + kChunk, k4);
+      for (int s0 = 0; s0 < kSets; s0 += G) {
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            acc[g][r][0] = _mm256_load_ps(part[s0 + g][r]);
+            acc[g][r][1] = _mm256_load_ps(part[s0 + g][r] + 8);
+          }
+        Steps<R, G, W>(x, k, w, c0, c1, s0, acc, ahead);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) {
+            _mm256_store_ps(part[s0 + g][r], acc[g][r][0]);
+            _mm256_store_ps(part[s0 + g][r] + 8, acc[g][r][1]);
+          }
+      }
+    }
+    if (k4 < k) {  // the last k mod 4 inputs, into set 0 after all of its others
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        acc[0][r][0] = _mm256_load_ps(part[0][r]);
+        acc[0][r][1] = _mm256_load_ps(part[0][r] + 8);
+      }
+      Tail<R, G, W>(x, k, w, acc);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm256_store_ps(part[0][r], acc[0][r][0]);
+        _mm256_store_ps(part[0][r] + 8, acc[0][r][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256 y0 = _mm256_load_ps(part[0][r]), y1 = _mm256_load_ps(part[0][r] + 8);
+      for (int s = 1; s < kSets; ++s) {
+        y0 = _mm256_add_ps(y0, _mm256_load_ps(part[s][r]));
+        y1 = _mm256_add_ps(y1, _mm256_load_ps(part[s][r] + 8));
+      }
+      Store16<W>(out + r * ldo, y0, y1);
+    }
   }
 }
 
@@ -227,8 +313,20 @@ __attribute__((target("avx512f"))) inline void Pair512(const float* x, int64_t k
   TileRows512<R, S, 2, W>(x, k, static_cast<const W*>(wv), y + c0, n, pf);
 }
 
-// The block for each row count 1..6, with its accumulator sets: one row 4 independent FMA
-// chains per tile, 2-3 rows 2, 4-6 rows 1 (the same for AVX2 and AVX-512).
+// Two full tiles one after the other, for row counts whose accumulators of a pair would not fit
+// AVX-512's 32 registers at 4 sets (4-6 rows).
+template <int R, typename W>
+__attribute__((target("avx512f"))) inline void TwoTiles512(const float* x, int64_t k,
+                                                           const void* wv, float* y, int64_t n,
+                                                           int64_t c0, int64_t, int64_t pf) {
+  const W* wt = static_cast<const W*>(wv);
+  TileRows512<R, kSets, 1, W>(x, k, wt, y + c0, n, pf);
+  TileRows512<R, kSets, 1, W>(x, k, wt + k * kTile, y + c0 + kTile, n, pf);
+}
+
+// The block for each row count 1..6. AVX2: 4 sets in 1, 2 or 4 passes (TileRows); AVX-512: the 4
+// sets in registers (4 x 6 rows = 24 of its 32), two tiles side by side up to 3 rows. Every row
+// count and both instruction sets sum each output in the same order.
 using BlockFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t,
                          int64_t);
 struct Isa {
@@ -240,10 +338,10 @@ constexpr Isa kIsas[2] = {
     {{nullptr, Block<1, 4, W>, Block<2, 2, W>, Block<3, 2, W>, Block<4, 1, W>, Block<5, 1, W>,
       Block<6, 1, W>},
      {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}},
-    {{nullptr, Block512<1, 4, W>, Block512<2, 2, W>, Block512<3, 2, W>, Block512<4, 1, W>,
-      Block512<5, 1, W>, Block512<6, 1, W>},
-     {nullptr, Pair512<1, 4, W>, Pair512<2, 2, W>, Pair512<3, 2, W>, Pair512<4, 1, W>,
-      Pair512<5, 1, W>, Pair512<6, 1, W>}}};
+    {{nullptr, Block512<1, kSets, W>, Block512<2, kSets, W>, Block512<3, kSets, W>,
+      Block512<4, kSets, W>, Block512<5, kSets, W>, Block512<6, kSets, W>},
+     {nullptr, Pair512<1, kSets, W>, Pair512<2, kSets, W>, Pair512<3, kSets, W>,
+      TwoTiles512<4, W>, TwoTiles512<5, W>, TwoTiles512<6, W>}}};
 
 // bf16 tiles are widened once per row block from this many rows on (below, in the inner loop:
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
