@@ -1,6 +1,9 @@
 """Checkpoints: HF safetensors import (``load_hf``) and export (``save_hf``), the HF config mapping
 both ways (``from_hf_config`` / ``hf_config_dict``), and orbax save / restore of the param tree."""
 
+import ctypes
+import pathlib
+
 from mtpspec.checkpoints.hf import load_hf
 from mtpspec.checkpoints.hf_config import from_hf_config, hf_config_dict
 from mtpspec.checkpoints.hf_export import save_hf
@@ -43,8 +46,6 @@ def load(
     stored once), converted module by module while the canonical tree is freed, so only one copy
     is ever resident. They decode (``generate``, ``text.complete``, ...) but cannot train, be
     exported or sharded (no ``mesh``)."""
-    import pathlib
-
     from mtpspec.config import check_dtype
 
     if for_decoding and mesh is not None:
@@ -73,7 +74,23 @@ def load(
         path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, on_module=on_module
     )
     inference.check_finite({k: v for k, v in params.items() if k not in ("layers", "mtp")})
-    return config, inference.finish_decoding_weights(config, params, impl, consume=True)
+    weights = inference.finish_decoding_weights(config, params, impl, consume=True)
+    del params
+    _return_freed_memory()
+    return config, weights
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap pages freed while converting back to the OS (glibc's ``malloc_trim``; a
+    no-op elsewhere): the canonical arrays read and freed module by module otherwise stay in the
+    resident set (~0.15 GB at Qwen3.5-0.8B's size). Only frees what is already free."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
 
 
 def load_tokenizer(path, config=None):
