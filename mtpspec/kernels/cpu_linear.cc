@@ -5,10 +5,12 @@
 // (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
 // read from memory once per call (software-prefetched `prefetch` rows ahead, so the stream
 // overlaps the arithmetic of a multi-row window) and re-read from L1/L2 for every further block
-// of rows. The row and accumulator-set loops are force-unrolled: left to GCC, the 5- and 6-row
-// blocks kept their accumulators in memory (2-3x slower). The `isa` attribute picks the inner
-// loop: 0 AVX2 (one tile, two 8-lane halves), 1 AVX-512F (two tiles per pass, so one broadcast
-// input feeds two 16-lane FMAs: 1.4-1.7x faster at 4-6 rows with the weights in L2; BUILD_NOTES,
+// of rows. Every output is one FMA chain over the inputs in order, so a row's value does not
+// depend on how many rows the call has (see TileRows). The row and tile loops are force-unrolled:
+// left to GCC, the 5- and 6-row blocks kept their accumulators in memory (2-3x slower). The `isa`
+// attribute picks the inner loop: 0 AVX2 (16 columns in two 8-lane halves, up to 4 tiles side by
+// side), 1 AVX-512F (a tile per register, up to 8 tiles side by side, so one broadcast input
+// feeds several 16-lane FMAs: pairs were 1.4-1.7x faster than single tiles at 4-6 rows; BUILD_NOTES,
 // 2026-12-03). The Python side resolves "auto" with `mtpspec_cpu_linear_avx512()`.
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
@@ -84,264 +86,143 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// Every output is summed in one order, whatever the number of rows called with it: input i goes
-// into accumulator set i mod 4 (four independent FMA chains per column), the last k mod 4 inputs
-// into set 0, and the sets are added ((s0 + s1) + s2) + s3. A row's result therefore does not
-// depend on the window it is in (a decode step's row equals the same row of a verify window or a
-// prefill, bit for bit: speculative greedy cannot flip a near-tie that plain greedy resolved).
-// AVX2 has 16 registers: one row keeps all 4 sets in registers (8 accumulators); 2-3 rows take 2
-// sets at a time, 4-6 rows one, over chunks of kChunk inputs small enough to stay in L1 while
-// every set passes over them, the other sets' sums waiting in a small buffer (loading and storing
-// a sum changes no bit).
-constexpr int kSets = 4;
-constexpr int64_t kChunk = 64;  // inputs per chunk (a multiple of kSets): 1-2 KB of a tile
-
-// Inputs [i0, i1) (multiples of 4 apart) of sets [s0, s0 + G) of R rows (x[r] = x + r * k) of
-// one 16-column tile into acc. pf: prefetch that many rows ahead, the G rows this set takes
-// (over the 4 / G passes of a chunk, every row).
-template <int R, int G, typename W>
-__attribute__((target("avx2,fma"), always_inline)) inline void Steps(const float* x, int64_t k,
-                                                                      const W* w, int64_t i0,
-                                                                      int64_t i1, int s0,
-                                                                      __m256 (&acc)[G][R][2],
-                                                                      int64_t pf) {
-  for (int64_t i = i0; i < i1; i += kSets) {
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const int64_t at = i + s0 + g;
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(w + (at + pf) * kTile), _MM_HINT_T0);
-      __m256 w0, w1;
-      Load16(w + at * kTile, w0, w1);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m256 xb = _mm256_broadcast_ss(x + r * k + at);
-        acc[g][r][0] = _mm256_fmadd_ps(xb, w0, acc[g][r][0]);
-        acc[g][r][1] = _mm256_fmadd_ps(xb, w1, acc[g][r][1]);
-      }
-    }
-  }
-}
-
-// The last k mod 4 inputs into set 0 (acc[0]).
-template <int R, int G, typename W>
-__attribute__((target("avx2,fma"), always_inline)) inline void Tail(const float* x, int64_t k,
-                                                                     const W* w,
-                                                                     __m256 (&acc)[G][R][2]) {
-  for (int64_t i = k - k % kSets; i < k; ++i) {
-    __m256 w0, w1;
-    Load16(w + i * kTile, w0, w1);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(x + r * k + i);
-      acc[0][r][0] = _mm256_fmadd_ps(xb, w0, acc[0][r][0]);
-      acc[0][r][1] = _mm256_fmadd_ps(xb, w1, acc[0][r][1]);
-    }
-  }
-}
-
-// R rows of one 16-column tile into out[r * ldo .. + 16), G sets at a time.
-template <int R, int G, typename W>
+// Every output is one FMA chain over the inputs in order (i = 0, 1, ..., in - 1), whatever the
+// number of rows it is called with and on either instruction set, so a row of a verify window or
+// a prefill is bit for bit the same row computed alone by a decode step (speculative greedy
+// cannot flip a near-tie that plain greedy resolved the other way). The independent chains that
+// hide the FMA latency come from P tiles taken side by side (P x 16 columns, each its own chain),
+// not from splitting an output's inputs into several partial sums, which made a row's sum depend
+// on how many rows shared its registers. (Sets and tiles hide latency alike: R rows x P tiles
+// take max(4 / P, R) cycles per tile and input, as R rows x S sets did with max(4 / S, R).)
+//
+// R rows (x[r] = x + r * k) of P tiles (tile p at w + p * k * 16) into out[r * ldo + 16 p ..
+// + 16).
+template <int R, int P, typename W>
 __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, const W* w,
                                                          float* out, int64_t ldo, int64_t pf) {
-  static_assert(kSets % G == 0, "G must divide the number of sets");
-  const int64_t k4 = k - k % kSets;
-  __m256 acc[G][R][2];
-  if constexpr (G == kSets) {  // every set in registers: one pass
+  const int64_t stride = k * kTile;  // from one tile to the next
+  __m256 acc[R][P][2];
 #pragma GCC unroll 8
-    for (int g = 0; g < G; ++g)
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[g][r][0] = acc[g][r][1] = _mm256_setzero_ps();
-    Steps<R, G, W>(x, k, w, 0, k4, 0, acc, pf);
-    Tail<R, G, W>(x, k, w, acc);
+    for (int p = 0; p < P; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m256 y0 = acc[0][r][0], y1 = acc[0][r][1];
-      for (int s = 1; s < kSets; ++s) {
-        y0 = _mm256_add_ps(y0, acc[s][r][0]);
-        y1 = _mm256_add_ps(y1, acc[s][r][1]);
-      }
-      Store16<W>(out + r * ldo, y0, y1);
-    }
-  } else {
-    alignas(32) float part[kSets][R][kTile];  // each set's sums (in Load16's lane order)
-    const __m256 zero = _mm256_setzero_ps();
-    for (int s = 0; s < kSets; ++s)
-      for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(part[s][r], zero);
-        _mm256_store_ps(part[s][r] + 8, zero);
-      }
-    // prefetch two chunks ahead: a chunk's passes take about one memory latency
-    const int64_t ahead = pf ? 2 * kChunk : 0;
-    for (int64_t c0 = 0; c0 < k4; c0 += kChunk) {
-      const int64_t c1 = std::min(c0 + kChunk, k4);
-      for (int s0 = 0; s0 < kSets; s0 += G) {
-#pragma GCC unroll 8
-        for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) {
-            acc[g][r][0] = _mm256_load_ps(part[s0 + g][r]);
-            acc[g][r][1] = _mm256_load_ps(part[s0 + g][r] + 8);
-          }
-        Steps<R, G, W>(x, k, w, c0, c1, s0, acc, ahead);
-#pragma GCC unroll 8
-        for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) {
-            _mm256_store_ps(part[s0 + g][r], acc[g][r][0]);
-            _mm256_store_ps(part[s0 + g][r] + 8, acc[g][r][1]);
-          }
-      }
-    }
-    if (k4 < k) {  // the last k mod 4 inputs, into set 0 after all of its others
+    for (int p = 0; p < P; ++p) {
+      // Where the accumulators, a tile's two weight vectors and R broadcast inputs kept for the
+      // next tile would not fit 16 registers (3 rows x 2 tiles), GCC spilled two accumulators;
+      // an empty asm with a memory clobber makes it broadcast the inputs again (a cheap load).
+      if constexpr (2 * R * P + R + 2 > 16) asm volatile("" ::: "memory");
+      const W* wi = w + p * stride + i * kTile;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
+      __m256 w0, w1;
+      Load16(wi, w0, w1);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        acc[0][r][0] = _mm256_load_ps(part[0][r]);
-        acc[0][r][1] = _mm256_load_ps(part[0][r] + 8);
+        const __m256 xb = _mm256_broadcast_ss(x + r * k + i);
+        acc[r][p][0] = _mm256_fmadd_ps(xb, w0, acc[r][p][0]);
+        acc[r][p][1] = _mm256_fmadd_ps(xb, w1, acc[r][p][1]);
       }
-      Tail<R, G, W>(x, k, w, acc);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        _mm256_store_ps(part[0][r], acc[0][r][0]);
-        _mm256_store_ps(part[0][r] + 8, acc[0][r][1]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      __m256 y0 = _mm256_load_ps(part[0][r]), y1 = _mm256_load_ps(part[0][r] + 8);
-      for (int s = 1; s < kSets; ++s) {
-        y0 = _mm256_add_ps(y0, _mm256_load_ps(part[s][r]));
-        y1 = _mm256_add_ps(y1, _mm256_load_ps(part[s][r] + 8));
-      }
-      Store16<W>(out + r * ldo, y0, y1);
     }
   }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) Store16<W>(out + r * ldo + p * kTile, acc[r][p][0], acc[r][p][1]);
 }
 
-// A block of R rows of one tile, written straight to y or, for the last partial tile, via buf.
-template <int R, int S, typename W>
+// R rows of P tiles, written straight to y or, for one partial last tile (P = 1), via buf.
+template <int R, int P, typename W>
 __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k, const void* wv,
                                                       float* y, int64_t n, int64_t c0,
                                                       int64_t width, int64_t pf) {
   const W* wt = static_cast<const W*>(wv);
-  if (width == kTile) {
-    TileRows<R, S, W>(x, k, wt, y + c0, n, pf);
+  if (P > 1 || width == kTile) {
+    TileRows<R, P, W>(x, k, wt, y + c0, n, pf);
     return;
   }
   alignas(32) float buf[R * kTile];
-  TileRows<R, S, W>(x, k, wt, buf, kTile, pf);
+  TileRows<R, 1, W>(x, k, wt, buf, kTile, pf);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
-// The same with AVX-512 (where the CPU has it): a tile's 16 columns are one 512-bit register, and
-// P = 2 tiles are taken side by side, so one broadcast input feeds two FMAs (with 32 registers
-// the accumulators of 6 rows x 2 tiles still fit). A column's sums are the same whether its tile
-// is taken alone or in a pair (same S, same order), so how tiles are paired (by the thread
-// chunks) never changes a result.
-template <int R, int S, int P, typename W>
+// The same with AVX-512 (where the CPU has it): a tile's 16 columns are one 512-bit register;
+// with 32 registers more tiles go side by side (one broadcast input feeds P FMAs).
+template <int R, int P, typename W>
 __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k, const W* w,
                                                            float* out, int64_t ldo, int64_t pf) {
-  const int64_t stride = k * kTile;  // from one tile to the next
-  __m512 acc[S][R][P];
+  const int64_t stride = k * kTile;
+  __m512 acc[R][P];
 #pragma GCC unroll 8
-  for (int s = 0; s < S; ++s)
+  for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) acc[s][r][p] = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + S <= k; i += S) {
-#pragma GCC unroll 8
-    for (int s = 0; s < S; ++s) {
-      __m512 wv[P];
-#pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) {
-        const W* wi = w + p * stride + (i + s) * kTile;
-        if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
-        wv[p] = Load16x512(wi);
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512 xb = _mm512_set1_ps(x[r * k + i + s]);
-#pragma GCC unroll 2
-        for (int p = 0; p < P; ++p) acc[s][r][p] = _mm512_fmadd_ps(xb, wv[p], acc[s][r][p]);
-      }
-    }
-  }
-  for (; i < k; ++i) {  // the last k mod S inputs, into set 0
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < k; ++i) {
     __m512 wv[P];
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + p * stride + i * kTile);
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) {
+      const W* wi = w + p * stride + i * kTile;
+      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
+      wv[p] = Load16x512(wi);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * k + i]);
-#pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) acc[0][r][p] = _mm512_fmadd_ps(xb, wv[p], acc[0][r][p]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xb, wv[p], acc[r][p]);
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) {
-      __m512 y = acc[0][r][p];
-      for (int s = 1; s < S; ++s) y = _mm512_add_ps(y, acc[s][r][p]);
-      _mm512_storeu_ps(out + r * ldo + p * kTile, y);
-    }
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * ldo + p * kTile, acc[r][p]);
 }
 
-// One tile (possibly the partial last one), as Block.
-template <int R, int S, typename W>
+template <int R, int P, typename W>
 __attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k, const void* wv,
                                                         float* y, int64_t n, int64_t c0,
                                                         int64_t width, int64_t pf) {
   const W* wt = static_cast<const W*>(wv);
-  if (width == kTile) {
-    TileRows512<R, S, 1, W>(x, k, wt, y + c0, n, pf);
+  if (P > 1 || width == kTile) {
+    TileRows512<R, P, W>(x, k, wt, y + c0, n, pf);
     return;
   }
   alignas(64) float buf[R * kTile];
-  TileRows512<R, S, 1, W>(x, k, wt, buf, kTile, pf);
+  TileRows512<R, 1, W>(x, k, wt, buf, kTile, pf);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
 
-// Two full tiles side by side (same arguments; width is 2 * 16).
-template <int R, int S, typename W>
-__attribute__((target("avx512f"))) inline void Pair512(const float* x, int64_t k, const void* wv,
-                                                       float* y, int64_t n, int64_t c0, int64_t,
-                                                       int64_t pf) {
-  TileRows512<R, S, 2, W>(x, k, static_cast<const W*>(wv), y + c0, n, pf);
-}
-
-// Two full tiles one after the other, for row counts whose accumulators of a pair would not fit
-// AVX-512's 32 registers at 4 sets (4-6 rows).
-template <int R, typename W>
-__attribute__((target("avx512f"))) inline void TwoTiles512(const float* x, int64_t k,
-                                                           const void* wv, float* y, int64_t n,
-                                                           int64_t c0, int64_t, int64_t pf) {
-  const W* wt = static_cast<const W*>(wv);
-  TileRows512<R, kSets, 1, W>(x, k, wt, y + c0, n, pf);
-  TileRows512<R, kSets, 1, W>(x, k, wt + k * kTile, y + c0 + kTile, n, pf);
-}
-
-// The block for each row count 1..6. AVX2: 4 sets in 1, 2 or 4 passes (TileRows); AVX-512: the 4
-// sets in registers (4 x 6 rows = 24 of its 32), two tiles side by side up to 3 rows. Every row
-// count and both instruction sets sum each output in the same order.
+// For R = 1..6 rows, the blocks of 1, 2, 4 and 8 tiles side by side (fns[R][log2 P]; nullptr
+// past most[R]), most[R] chosen so the accumulators fit the registers with at least 8 chains:
+// AVX2 (16 registers, 2 per tile and row) 1 row x 4 tiles, 2-3 rows x 2, 4-6 rows x 1; AVX-512
+// (32 registers, 1 per tile and row) 1 row x 8, 2-3 rows x 4, 4-6 rows x 2. A column's value is
+// the same in any of them.
 using BlockFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t,
                          int64_t);
 struct Isa {
-  BlockFn blocks[7];  // one tile
-  BlockFn pairs[7];   // two full tiles (nullptr: one at a time)
+  BlockFn fns[7][4];
+  int most[7];  // log2 of the most tiles side by side for R rows
 };
 template <typename W>
 constexpr Isa kIsas[2] = {
-    {{nullptr, Block<1, 4, W>, Block<2, 2, W>, Block<3, 2, W>, Block<4, 1, W>, Block<5, 1, W>,
-      Block<6, 1, W>},
-     {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr}},
-    {{nullptr, Block512<1, kSets, W>, Block512<2, kSets, W>, Block512<3, kSets, W>,
-      Block512<4, kSets, W>, Block512<5, kSets, W>, Block512<6, kSets, W>},
-     {nullptr, Pair512<1, kSets, W>, Pair512<2, kSets, W>, Pair512<3, kSets, W>,
-      TwoTiles512<4, W>, TwoTiles512<5, W>, TwoTiles512<6, W>}}};
+    {{{},
+      {Block<1, 1, W>, Block<1, 2, W>, Block<1, 4, W>},
+      {Block<2, 1, W>, Block<2, 2, W>},
+      {Block<3, 1, W>, Block<3, 2, W>},
+      {Block<4, 1, W>},
+      {Block<5, 1, W>},
+      {Block<6, 1, W>}},
+     {0, 2, 1, 1, 0, 0, 0}},
+    {{{},
+      {Block512<1, 1, W>, Block512<1, 2, W>, Block512<1, 4, W>, Block512<1, 8, W>},
+      {Block512<2, 1, W>, Block512<2, 2, W>, Block512<2, 4, W>},
+      {Block512<3, 1, W>, Block512<3, 2, W>, Block512<3, 4, W>},
+      {Block512<4, 1, W>, Block512<4, 2, W>},
+      {Block512<5, 1, W>, Block512<5, 2, W>},
+      {Block512<6, 1, W>, Block512<6, 2, W>}},
+     {0, 3, 2, 2, 1, 1, 1}}};
 
 // bf16 tiles are widened once per row block from this many rows on (below, in the inner loop:
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
@@ -360,36 +241,51 @@ __attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t
 inline void Widen(const float*, int64_t, float*) {}  // float32 weights are never widened
 
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
-// the 1-5 left over, so a window of up to 6 rows reads each tile once. A row's accumulation order
-// depends on the size of the block it falls in (as in any blocked GEMM). Only the first block of a
-// tile prefetches (the later ones find the tile in L1). With AVX-512, full tiles go two at a time.
-// `wide` (bf16 weights, many rows): each tile is widened to float32 once into `buf` and every
+// the 1-5 left over, so a window of up to 6 rows reads each tile from memory once; tiles in
+// groups as wide as the leading block allows (Isa::most; the group narrows at the range's end
+// and for the partial last tile, and the left-over block goes through it in narrower steps where
+// it must). Only the first block of a group prefetches (the later ones find it in L1 or L2).
+// `wide` (bf16 weights, many rows): each group is widened to float32 once into `buf` and every
 // block runs the float32 loop on it, instead of widening in every block's inner loop (the
 // conversion cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact,
 // so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
               const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+  const Isa& use = wide != nullptr ? *wide : isa;
+  const int64_t lead = std::min<int64_t>(rows, 6);
+  const int64_t rest = rows % 6 == 0 || rows < 6 ? 0 : rows % 6;  // rows of the left-over block
+  const int64_t full_tiles = n / kTile;
   for (int64_t t = t0; t < t1;) {
-    const W* wt = w + t * k * kTile;
     const int64_t c0 = t * kTile;
-    const int64_t width = n - c0 < kTile ? n - c0 : kTile;
-    const bool pair = isa.pairs[1] != nullptr && t + 1 < t1 && c0 + 2 * kTile <= n;
-    const Isa& use = wide != nullptr ? *wide : isa;
-    const BlockFn* fns = pair ? use.pairs : use.blocks;
+    const int64_t full = std::min(t1, full_tiles) - t;  // full tiles from t in this range
+    int lg = use.most[lead];
+    while (lg > 0 && (int64_t{1} << lg) > full) --lg;
+    const int64_t g = int64_t{1} << lg;
+    const int64_t width = g > 1 ? g * kTile : std::min(kTile, n - c0);
+    const W* wt = w + t * k * kTile;
     const void* tile = wt;
     int64_t tile_pf = pf;
     if (wide != nullptr) {
-      Widen(wt, (pair ? 2 : 1) * k * kTile, buf);
+      Widen(wt, g * k * kTile, buf);
       tile = buf;
       tile_pf = 0;
     }
     int64_t r = 0;
-    for (; r + 6 <= rows; r += 6) {
-      fns[6](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
+    for (; r + lead <= rows; r += lead) {
+      use.fns[lead][lg](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
     }
-    if (r < rows) fns[rows - r](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
-    t += pair ? 2 : 1;
+    if (rest > 0) {  // narrower steps where the left-over rows' blocks are narrower
+      const int64_t elem = wide != nullptr ? sizeof(float) : sizeof(W);
+      const int lr = std::min(lg, use.most[rest]);
+      const int64_t step = int64_t{1} << lr;
+      const int64_t step_width = g > 1 ? step * kTile : width;
+      for (int64_t s = 0; s < g; s += step) {
+        const char* at = static_cast<const char*>(tile) + s * k * kTile * elem;
+        use.fns[rest][lr](x + r * k, k, at, y + r * n, n, c0 + s * kTile, step_width, 0);
+      }
+    }
+    t += g;
   }
 }
 
@@ -400,8 +296,9 @@ template <typename W>
 void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
            int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
   const bool widen = sizeof(W) == 2 && rows >= kWidenRows;
-  thread_local std::vector<float> buf;
-  if (widen && buf.size() < static_cast<size_t>(2 * k * kTile)) buf.resize(2 * k * kTile);
+  thread_local std::vector<float> buf;  // the widest group of a 6-row block, widened
+  const size_t need = static_cast<size_t>((int64_t{1} << f32.most[6]) * k * kTile);
+  if (widen && buf.size() < need) buf.resize(need);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
     const Isa* wide = widen && rn >= kWidenRows ? &f32 : nullptr;
@@ -437,7 +334,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   const float* xp = x.typed_data();
   const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
-  // Units are pairs of tiles, so AVX-512's pairs stay whole in every chunk; 4 chunks a thread.
+  // Units are pairs of tiles (groups of tiles side by side form within a chunk; a column's value
+  // does not depend on its group); 4 chunks a thread.
   mtpspec::ParallelFor(pool, threads, (tiles + 1) / 2, tiles >= 2 && rows * k * n >= kMinShared,
                        4, [&](int64_t u0, int64_t u1) {
                          Tiles(set, f32, xp, rows, k, wp, n, yp, 2 * u0, std::min(tiles, 2 * u1),
