@@ -35,7 +35,8 @@ class Prepared(NamedTuple):
     """A checked decoding call with its arguments on the device(s).
 
     ``key`` selects the compiled program; ``args`` = (params, proposer params, prompts, lengths,
-    max_new, eos ids, draws: per-row keys and sampling settings); ``n`` real sequences (the rest
+    max_new, eos ids, draws: per-row keys and sampling settings, limits: the call's p_min and
+    adaptive flag); ``n`` real sequences (the rest
     pads the batch to the mesh's data axis); ``max_new_tokens`` as asked (the program's buffer is
     its bucket)."""
 
@@ -58,7 +59,7 @@ class Prepared(NamedTuple):
 
     def step(self, carry: Carry) -> Carry:
         """One jitted verify step (exactly the loop's body)."""
-        params, pparams, _, _, max_new, eos, _ = self.args
+        params, pparams, _, _, max_new, eos, _, _ = self.args
         return program.step_jit(self.key, params, pparams, max_new, eos, carry)
 
 
@@ -160,17 +161,19 @@ def generate(config: ModelConfig, params, prompts: list[list[int]], **options) -
     compiled, fresh = prepared.compiled()
     compile_s = time.perf_counter() - t0 if fresh else 0.0
     t0 = time.perf_counter()
-    out, count, stop, accepts, steps, logp = jax.block_until_ready(compiled(*prepared.args))
+    done = jax.block_until_ready(compiled(*prepared.args))
+    out, count, stop, accepts, steps, logp, drafted = done
     run_s = time.perf_counter() - t0
     host_ = sharding.to_host
     out, count, stop = host_(out)[:b], host_(count)[:b], host_(stop)[:b]
     accepts = host_(accepts)[: int(host_(steps)), :b]
+    drafted = host_(drafted)[: accepts.shape[0], :b]
     tokens = [out[i, : count[i]].tolist() for i in range(b)]
     logprobs = None
     if prepared.key.logprobs:
         logp = host_(logp)[:b]
         logprobs = [logp[i, : count[i]].tolist() for i in range(b)]
-    stats = result_stats(accepts, count, prepared.key.k, compile_s, run_s)
+    stats = result_stats(accepts, count, prepared.key.k, compile_s, run_s, drafted)
     return GenerateResult(tokens, [STOP_NAMES[int(c)] for c in stop], stats, logprobs)
 
 

@@ -19,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from mtpspec import kernels, ops, sharding
 from mtpspec.config import ModelConfig, token_id_list
 from mtpspec.decoding import proposers
+from mtpspec.decoding.adaptive import DraftLimits
 from mtpspec.decoding.program import ProgramKey
 from mtpspec.decoding.sampling import (
     Draws,
@@ -82,6 +83,8 @@ class HostArrays(NamedTuple):
     eos: np.ndarray  # [E] int32 stop ids (−1 pads; E a multiple of EOS_SLOTS)
     knobs: Knobs  # [b] per-row sampling settings
     seeds: list[int]  # [b] one seed per row
+    p_min: float = 0.0  # the call's draft confidence cut (``SpecConfig.p_min``)
+    adaptive: bool = False  # the per-sequence draft-length policy (``SpecConfig.adaptive``)
 
 
 EOS_SLOTS = 8  # EOS lists are padded to a multiple of this (one compile per bucket)
@@ -234,6 +237,7 @@ def prepare(
         attention=attention,
         tree=tree,
         kernels=kernels.trace_settings(),
+        adaptive=bool(speculative and speculative.adapts),
     )
     b = len(prompts)
     check_memory(config, b, key.capacity, key.out_size, mesh)
@@ -249,19 +253,25 @@ def prepare(
     eos = np.full(round_up(max(len(eos_ids), 1), EOS_SLOTS), -1, np.int32)
     eos[: len(eos_ids)] = eos_ids
     seeds = seeds + [0] * (b - len(seeds))
-    return key, HostArrays(tokens, lengths, max_new, eos, pad_knobs(knobs, b), seeds)
+    p_min = float(speculative.p_min) if speculative else 0.0
+    policy = bool(speculative and speculative.adaptive)
+    arrays = HostArrays(tokens, lengths, max_new, eos, pad_knobs(knobs, b), seeds, p_min, policy)
+    return key, arrays
 
 
 def device_args(s: ProgramKey, params, pparams, arrays: HostArrays) -> tuple:
-    """(params, pparams, tokens, lengths, max_new, eos, draws) on the device(s): under a mesh the
+    """(params, pparams, tokens, lengths, max_new, eos, draws, limits) on the device(s): under a
+    mesh the
     weights are placed by the sharding rules (already-placed leaves are kept) and the
     per-sequence arrays split on ``data``."""
     keys = seed_keys(arrays.seeds)
+    limits = DraftLimits(np.float32(arrays.p_min), np.bool_(arrays.adaptive))
     if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
         params = inference.MEMO.get(s.config, params, s.linear, s.attention)
         draws = Draws(keys, Knobs(*(jnp.asarray(x) for x in arrays.knobs)))
         plain = (arrays.tokens, arrays.lengths, arrays.max_new, arrays.eos)
-        return (params, pparams, *(jnp.asarray(a) for a in plain), draws)
+        limits = DraftLimits(*(jnp.asarray(x) for x in limits))
+        return (params, pparams, *(jnp.asarray(a) for a in plain), draws, limits)
     mesh = s.mesh
     params = sharding.shard_params(s.config, params, mesh)
     if pparams is not None:
@@ -281,4 +291,5 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays) -> tuple:
         rows(arrays.max_new),
         sharding.place_host_array(np.asarray(arrays.eos), replicated),
         draws,
+        DraftLimits(*(sharding.place_host_array(np.asarray(x), replicated) for x in limits)),
     )

@@ -29,8 +29,10 @@ from jax.sharding import PartitionSpec as P
 
 from mtpspec import compiled, sharding
 from mtpspec.config import ModelConfig
-from mtpspec.decoding import stages, tree
+from mtpspec.decoding import adaptive, stages, tree
+from mtpspec.decoding.adaptive import DraftLimits, Policy
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
+from mtpspec.decoding.proposers.base import Budget
 from mtpspec.decoding.sampling import Draws, Sampling
 from mtpspec.decoding.stages import RUNNING, STOP_EOS, STOP_LENGTH
 from mtpspec.models.decoder import window_step_impl
@@ -61,6 +63,7 @@ class ProgramKey(NamedTuple):
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
     tree: Any = None  # a ``models.tree.TreeShape`` (tree speculation; depth k) or None (a chain)
     kernels: tuple = ()  # the kernels' trace-time knobs (``kernels.trace_settings()``)
+    adaptive: bool = False  # the draft length adapts per step (``decoding.adaptive``; chains)
 
 
 class Carry(NamedTuple):
@@ -75,6 +78,9 @@ class Carry(NamedTuple):
     draws: Draws  # per-row keys and sampling settings
     logp: jax.Array  # [b, out_size] f32 log-probability of each emitted token ([b, 0] when off)
     node: jax.Array  # [b] the last step's accepted tree row (−1: a chain, or no step yet)
+    limits: DraftLimits  # the call's p_min and adaptive flag (arrays: never recompiled)
+    policy: Policy  # [b] per-sequence draft length and its running average
+    drafted: jax.Array  # [out_size, b] drafts in each step's window (−1: not active)
 
 
 def _constrain(s: ProgramKey, c: Carry) -> Carry:
@@ -98,6 +104,11 @@ def _constrain(s: ProgramKey, c: Carry) -> Carry:
         draws=jax.tree.map(rows, c.draws),
         logp=rows(c.logp),
         node=rows(c.node),
+        limits=jax.tree.map(
+            lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(s.mesh, P())), c.limits
+        ),
+        policy=jax.tree.map(rows, c.policy),
+        drafted=jax.lax.with_sharding_constraint(c.drafted, NamedSharding(s.mesh, P(None, "data"))),
     )
 
 
@@ -107,7 +118,9 @@ def _token_logp(logits, tokens):
     return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
-def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws) -> Carry:
+def prefill(
+    s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws, limits: DraftLimits
+) -> Carry:
     """Prompt forward, the first token, the proposer's init."""
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
@@ -138,6 +151,9 @@ def prefill(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draw
         draws=draws,
         logp=logp,
         node=jnp.full((b,), -1, jnp.int32),
+        limits=limits,
+        policy=adaptive.init_policy(b, s.k),
+        drafted=jnp.full((s.out_size, b), -1, jnp.int32),
     )
     return _constrain(s, carry)
 
@@ -147,17 +163,22 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
     b = c.pending.shape[0]
     active = c.stop == RUNNING
     step_draws = c.draws.fold(c.step)
-    proposal = None
+    proposal = budget = m = None
     drafts = q = jnp.zeros((b, 0), jnp.int32)
     if s.proposer is not None:
-        proposal = s.proposer.propose(
-            s, params, pparams, c.pstate, c.state, c.pending, active, step_draws.fold(PROPOSE)
-        )
+        args = (s, params, pparams, c.pstate, c.state, c.pending, active, step_draws.fold(PROPOSE))
+        if s.adaptive:
+            budget = Budget(c.limits.p_min, c.policy.k_cap, active)
+            proposal = s.proposer.propose(*args, budget=budget)
+        else:
+            proposal = s.proposer.propose(*args)
         drafts, q = proposal.drafts, proposal.q
+    if budget is not None:
+        m = adaptive.draft_count(proposal.conf, s.k, c.limits, c.policy, active)
     state = c.state if proposal is None or proposal.state is None else proposal.state
     if s.tree is None:
-        verified = stages.verify(s, params, state, c.pending, drafts, active)
-        accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q)
+        verified = stages.verify(s, params, state, c.pending, drafts, active, m)
+        accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q, m)
         n = jnp.where(active, accepted + 1, 0)
         state = stages.commit(s, state, verified, n)
         logits, hidden, node = verified.logits, verified.hidden, None
@@ -188,19 +209,25 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         draws=c.draws,
         logp=logp,
         node=c.node if node is None else jnp.where(active, node, -1),
+        limits=c.limits,
+        policy=c.policy
+        if m is None
+        else adaptive.update_policy(c.policy, c.limits, s.k, accepted, m, active),
+        drafted=c.drafted.at[c.step].set(jnp.where(active, s.k if m is None else m, -1)),
     )
     return _constrain(s, carry)
 
 
-def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws):
-    """Prefill and the whole loop; returns (out, count, stop, accepts, steps, logp)."""
-    carry = prefill(s, params, pparams, prompts, lengths, max_new, eos, draws)
+def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws, limits):
+    """Prefill and the whole loop; returns (out, count, stop, accepts, steps, logp, drafted)."""
+    carry = prefill(s, params, pparams, prompts, lengths, max_new, eos, draws, limits)
 
     def cond(c):
         return (c.step < s.out_size) & jnp.any(c.stop == RUNNING)
 
     carry = jax.lax.while_loop(cond, lambda c: step(s, params, pparams, max_new, eos, c), carry)
-    return carry.out, carry.count, carry.stop, carry.accepts, carry.step, carry.logp
+    c = carry
+    return c.out, c.count, c.stop, c.accepts, c.step, c.logp, c.drafted
 
 
 run_jit = compiled.jit(run, static_argnums=0)

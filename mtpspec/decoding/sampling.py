@@ -184,9 +184,9 @@ class Sampling:
         logp = filtered_log_probs(logits, *draws.knobs)
         return _categorical_rows(draws.keys, logp), jnp.exp(logp)
 
-    def accept(self, draws: Draws, logits, drafts, q):
+    def accept(self, draws: Draws, logits, drafts, q, drafted=None):
         """Lossless rejection sampling of ``drafts`` (see ``speculative_accept``)."""
-        return speculative_accept(draws.keys, logits, drafts, q, *draws.knobs)
+        return speculative_accept(draws.keys, logits, drafts, q, *draws.knobs, drafted=drafted)
 
 
 def _categorical_rows(keys, logp):
@@ -257,6 +257,7 @@ def speculative_accept(
     min_p=0.0,
     *,
     residual: bool = True,
+    drafted=None,
 ):
     """Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
 
@@ -267,7 +268,9 @@ def speculative_accept(
     (a [b] int32, new token [b] int32). A greedy row (temperature 0, q one-hot on its drafts)
     accepts exactly the drafts equal to the argmax and then takes the argmax.
     ``residual=False`` resamples from p_a instead: a deliberately WRONG rule, kept only as the
-    statistical test's negative control.
+    statistical test's negative control. ``drafted`` [b] (None: k): a row drafted only its
+    first ``drafted`` positions (the rest are ignored); a row that accepts all of them draws its
+    bonus from p at that row.
     """
     b, k = drafts.shape
     keys = key if key.ndim == 1 else jax.random.split(key, b)
@@ -277,10 +280,14 @@ def speculative_accept(
     split = jax.vmap(jax.random.split)(keys)
     u = jax.vmap(lambda kk: jax.random.uniform(kk, (k,)))(split[:, 0])
     accept = (u * q_d < p_d).astype(jnp.int32)
+    if drafted is not None:  # positions past a row's own drafts are never accepted
+        accept = accept * (jnp.arange(k)[None, :] < drafted[:, None]).astype(jnp.int32)
     a = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
     q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q_k = 0: bonus draws from p_k
     p_a = jnp.take_along_axis(p, a[:, None, None], axis=1)[:, 0]
     q_a = jnp.take_along_axis(q_pad, a[:, None, None], axis=1)[:, 0]
+    if drafted is not None:  # all of a row's drafts accepted: its bonus draws from p_a
+        q_a = jnp.where((a >= drafted)[:, None], 0.0, q_a)
     r = jnp.maximum(p_a - q_a, 0.0) if residual else p_a
     r = jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p_a)  # p == q exactly: never rejected
     token = _categorical_rows(split[:, 1], jnp.log(r))

@@ -11,6 +11,7 @@ docs/design.md compares the three.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from mtpspec.config import ModelConfig
@@ -42,6 +43,15 @@ class SpecConfig:
     (``models.tree``); proposers "mtp" and "draft" (greedy: the top b_i children; sampling:
     b_i i.i.d. draws) and "ngram" (the distinct continuations in the history), verified
     losslessly when sampling (``sampling.tree_speculative_accept``).
+    p_min, adaptive: drafting that adapts, exactly (chains only; ``decoding.adaptive``). p_min
+    in [0, 1): a sequence drafts position i only while the draft distribution's largest
+    probability there (the model's own softmax, temperature 1) is at least p_min, so the verify
+    window shrinks to the drafts worth checking (llama.cpp's ``--spec-draft-p-min``); the rule
+    reads only what is known before the draft is drawn, so sampling stays lossless. adaptive:
+    each sequence's own draft length, 1..num_draft, follows an exponential average of its
+    accepted drafts with hysteresis (SGLang's policy). Either one compiles one program per
+    num_draft whose window is chosen per step among lengths 1..num_draft + 1 (``lax.switch``):
+    p_min and the adaptive flag travel as arrays, so changing them never recompiles.
     draft_vocab: None (draft among the whole vocabulary) or a ``DraftVocab``: the MTP proposer
     drafts among its ids only (each draft's LM head is its size, not the vocabulary's);
     verification stays over the full vocabulary, so greedy output is unchanged and sampling stays
@@ -62,6 +72,13 @@ class SpecConfig:
     draft_params: Any = None
     tree: tuple[int, ...] | None = None
     draft_vocab: DraftVocab | None = None
+    p_min: float = 0.0
+    adaptive: bool = False
+
+    @property
+    def adapts(self) -> bool:
+        """Whether the draft length adapts per step (p_min > 0 or the adaptive policy)."""
+        return self.p_min > 0 or self.adaptive
 
     def _settings(self) -> tuple:
         fields = dataclasses.fields(self)
@@ -109,7 +126,22 @@ class SpecConfig:
                 )
         if self.draft_vocab is not None:
             self._check_draft_vocab(config)
+        self._check_adaptive()
         proposers.lookup(self.proposer).check(self, config, params)
+
+    def _check_adaptive(self) -> None:
+        p = self.p_min
+        if isinstance(p, bool) or not isinstance(p, numbers.Real):
+            raise TypeError(f"p_min must be a float in [0, 1), got {type(p).__name__}")
+        if not 0.0 <= p < 1.0:  # also refuses NaN
+            raise ValueError(f"p_min must be in [0, 1), got {p!r}")
+        if not isinstance(self.adaptive, bool):
+            raise TypeError(f"adaptive must be a bool, got {type(self.adaptive).__name__}")
+        if self.adapts and self.tree is not None:
+            raise ValueError(
+                "p_min / adaptive apply to chains so far (a tree's window is fixed); "
+                "leave tree=None or drop them"
+            )
 
     def _check_draft_vocab(self, config: ModelConfig) -> None:
         dv = self.draft_vocab

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mtpspec.decoding import adaptive
 from mtpspec.decoding.commit import commit_window
 from mtpspec.models.decoder import StepOutput, window_step_impl
 from mtpspec.models.state import DecodeState
@@ -27,21 +28,44 @@ RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
 STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
 
 
-def verify(s, params, state: DecodeState, pending, drafts, active) -> StepOutput:
-    """Fold [pending, d_1..d_k] into ``state`` (finished sequences: nothing) in one forward."""
+def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> StepOutput:
+    """Fold [pending, d_1..d_k] into ``state`` (finished sequences: nothing) in one forward.
+    ``m`` [b] (adaptive programs): each row's drafts in the window; the window runs at
+    1 + max(m) rows (``adaptive.switch_window``) and its outputs are padded to k + 1 rows."""
     window = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, k + 1]
-    valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
     keep_states = s.commit == "states"
-    return window_step_impl(s.config, params, state, window, valid, s.verify_method, keep_states)
+    if m is None:
+        valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
+        return window_step_impl(
+            s.config, params, state, window, valid, s.verify_method, keep_states
+        )
+    valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
+
+    def run_window(t, window, valid, state):
+        out = window_step_impl(
+            s.config, params, state, window[:, :t], valid, s.verify_method, keep_states
+        )
+        rows = s.k + 1
+        return out._replace(
+            logits=adaptive.pad_rows(out.logits, rows),
+            hidden=adaptive.pad_rows(out.hidden, rows),
+            commit=adaptive.pad_rows(out.commit, rows),
+        )
+
+    return adaptive.switch_window(1 + jnp.max(m), run_window, s.k, window, valid, state)
 
 
-def accept(s, draws, logits, drafts, q) -> tuple[jax.Array, jax.Array]:
-    """(a [b] accepted drafts, new token [b]) from the window's logits [b, k + 1, V]."""
+def accept(s, draws, logits, drafts, q, m=None) -> tuple[jax.Array, jax.Array]:
+    """(a [b] accepted drafts, new token [b]) from the window's logits [b, k + 1, V]. ``m`` [b]
+    (adaptive programs): only the first m drafts of a row were drafted; a ≤ m, and a row that
+    accepts all m takes its bonus token from row m."""
     if s.k and not s.sampling.greedy:  # lossless rejection sampling
-        return s.sampling.accept(draws, logits, drafts, q)
+        return s.sampling.accept(draws, logits, drafts, q, m)
     target = s.sampling.select(logits, draws)  # [b, k + 1] (plain sampling when k = 0)
     same = (drafts == target[:, : s.k]).astype(jnp.int32)
     accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
+    if m is not None:
+        accepted = jnp.minimum(accepted, m)
     return accepted, jnp.take_along_axis(target, accepted[:, None], axis=1)[:, 0]
 
 

@@ -91,9 +91,16 @@ def pooled(stats: Iterable[dict]) -> dict:
     return acceptance([seq for s in stats for seq in s["accepted"]], k, emitted)
 
 
-def result_stats(accepts: np.ndarray, count: np.ndarray, k: int, compile_s, run_s) -> dict:
-    """``GenerateResult.stats`` from the program's per-step accepted counts [steps, b]."""
+def result_stats(
+    accepts: np.ndarray, count: np.ndarray, k: int, compile_s, run_s, drafted=None
+) -> dict:
+    """``GenerateResult.stats`` from the program's per-step accepted counts [steps, b] and the
+    drafts each step's window held [steps, b] (−1 entries: not active; None: k every step)."""
     per_seq = accepts.T.tolist()
+    if drafted is None:
+        drafted = np.where(accepts >= 0, k, -1)
+    per_seq_drafted = np.asarray(drafted).T.tolist()
+    live = np.asarray(drafted)[np.asarray(drafted) >= 0]
     steps = (accepts >= 0).sum(axis=0)
     # the prefill emitted one token; a sequence that never ran a verify step emitted no more
     emitted = [int(c) - 1 if n else 0 for c, n in zip(np.asarray(count).tolist(), steps.tolist())]
@@ -101,6 +108,8 @@ def result_stats(accepts: np.ndarray, count: np.ndarray, k: int, compile_s, run_
     return {
         "steps": steps.tolist(),
         "accepted": per_seq,
+        "drafted": per_seq_drafted,
+        "mean_drafted": float(live.mean()) if live.size else 0.0,
         "emitted": emitted,
         "tau": summary["tau"],
         "tau_per_sequence": summary["tau_per_sequence"],

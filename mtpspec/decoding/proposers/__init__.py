@@ -14,6 +14,7 @@ import importlib
 import pkgutil
 
 from mtpspec.decoding.proposers.base import (
+    Budget,
     Committed,
     Prefilled,
     Proposal,
@@ -27,4 +28,13 @@ for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["Committed", "Prefilled", "Proposal", "Proposer", "lookup", "names", "register"]
+__all__ = [
+    "Budget",
+    "Committed",
+    "Prefilled",
+    "Proposal",
+    "Proposer",
+    "lookup",
+    "names",
+    "register",
+]

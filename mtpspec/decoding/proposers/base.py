@@ -32,6 +32,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mtpspec.decoding import adaptive
 from mtpspec.models.state import DecodeState
 
 
@@ -57,6 +58,25 @@ class Proposal(NamedTuple):
     # Only slots past the committed lengths may differ (never read; the next write there replaces
     # them): keeping them saves the copy a throw-away cache would cost every step
     state: Any = None
+    # [b, k] float32: the largest probability of the distribution each draft was chosen from
+    # (the model's own softmax, temperature 1), what ``SpecConfig.p_min`` cuts on; set in
+    # adaptive programs (``s.adaptive``) by proposers that have probabilities, else None
+    conf: Any = None
+
+
+class Budget(NamedTuple):
+    """What an adaptive program lets each row draft this step (``decoding.adaptive``): a row
+    drafts position i while i < k_cap and every confidence up to i is ≥ p_min. A proposer may
+    skip work no row needs; it still returns [b, k] drafts (ignored past each row's count)."""
+
+    p_min: jax.Array  # [] float32
+    k_cap: jax.Array  # [b] int32
+    active: jax.Array  # [b] bool
+
+    def needs(self, conf_before: jax.Array, i: int) -> jax.Array:
+        """[] bool: does any row draft position i, given the confidences of positions < i?"""
+        ok = jnp.all(conf_before[:, :i] >= self.p_min, axis=1)
+        return jnp.any(self.active & ok & (i < self.k_cap))
 
 
 class Committed(NamedTuple):
@@ -102,7 +122,12 @@ class Proposer:
     def init(self, s, params, pparams, pre: Prefilled, key) -> tuple[Any, DecodeState]:
         raise NotImplementedError
 
-    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+    def propose(
+        self, s, params, pparams, pstate, state, pending, active, key, budget=None
+    ) -> Proposal:
+        """k drafts per row. ``budget`` (adaptive programs only, else None): a ``Budget``; a
+        proposer may use it to skip drafts no row needs, and sets ``Proposal.conf`` where it
+        has probabilities."""
         raise NotImplementedError
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
@@ -118,17 +143,46 @@ class Proposer:
         )
 
 
-def select_drafts(s, logits_fn, draws, k: int):
-    """Draft k tokens one at a time: ``logits_fn(i, previous ids or None) -> logits [b, V]``;
-    draft i is drawn with ``draws.fold(i)`` at each row's sampling settings. Returns
-    (drafts [b, k], q [b, k, V or 0])."""
-    picked = []
+class Drafted(NamedTuple):
+    drafts: jax.Array  # [b, k] int32
+    q: jax.Array  # [b, k, V] (sampled) or [b, k, 0] (greedy)
+    conf: Any  # [b, k] float32 in adaptive programs, else None
+    carry: Any  # ``step``'s carry after the last draft computed
+
+
+def select_drafts(
+    s, step, draws, k: int, carry=None, budget: Budget | None = None, width: int | None = None
+) -> Drafted:
+    """Draft k tokens one at a time: ``step(i, previous ids or None, carry) -> (logits [b, V],
+    carry)``; draft i is drawn with ``draws.fold(i)`` at each row's sampling settings. In
+    adaptive programs (``s.adaptive``) each draft's confidence is kept, and with a ``budget``
+    the steps of positions 1.. that no row drafts are skipped (``lax.cond``: zero logits, the
+    carry unchanged; ``width``: the logits' last axis, default the vocabulary)."""
+    width = s.config.vocab_size if width is None else width
+    picked, confs = [], []
     for i in range(k):
-        logits = logits_fn(i, picked[-1][0] if picked else None)
+        previous = picked[-1][0] if picked else None
+        if budget is not None and i > 0:
+            b = previous.shape[0]
+
+            def skip(previous, carry, i=i, b=b):
+                return jnp.zeros((b, width), jnp.float32), carry
+
+            def run(previous, carry, i=i):
+                logits, carry = step(i, previous, carry)
+                return logits.astype(jnp.float32), carry
+
+            need = budget.needs(jnp.stack(confs, axis=1), i)
+            logits, carry = jax.lax.cond(need, run, skip, previous, carry)
+        else:
+            logits, carry = step(i, previous, carry)
+        if s.adaptive:
+            confs.append(adaptive.max_prob(logits))
         picked.append(s.sampling.select_with_q(logits, draws.fold(i)))
     drafts = jnp.stack([d for d, _ in picked], axis=1)
     q = jnp.stack([q for _, q in picked], axis=1)
-    return drafts, q
+    conf = jnp.stack(confs, axis=1) if s.adaptive else None
+    return Drafted(drafts, q, conf, carry)
 
 
 _REGISTRY: dict[str, type[Proposer]] = {}

@@ -93,7 +93,9 @@ class DraftModelProposer(Proposer):
         )
         return out.state, pre.state
 
-    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+    def propose(
+        self, s, params, pparams, pstate, state, pending, active, key, budget=None
+    ) -> Proposal:
         if s.tree is not None:
             return self._propose_tree(s, pparams, pstate, pending, active, key)
         valid = active.astype(jnp.int32)
@@ -109,11 +111,12 @@ class DraftModelProposer(Proposer):
             commits.append(out.commit)
             return out.logits[:, 0]
 
-        drafts, q = base.select_drafts(
-            s, lambda i, prev: step(pending if prev is None else prev), key, s.k
+        out = base.select_drafts(  # every draft runs (the commit data of each is kept)
+            s, lambda i, prev, c: (step(pending if prev is None else prev), c), key, s.k
         )
-        step(drafts[:, -1])  # fold d_k in too: an all-accepted window keeps it
-        return Proposal(drafts, q, scratch=(dstate, stack_commits(commits)))
+        step(out.drafts[:, -1])  # fold d_k in too: an all-accepted window keeps it
+        scratch = (dstate, stack_commits(commits))
+        return Proposal(out.drafts, out.q, scratch=scratch, conf=out.conf)
 
     def _propose_tree(self, s, pparams, dstate, pending, active, key) -> Proposal:
         """The draft model's tree, one depth at a time: a tree window over the rows known so far

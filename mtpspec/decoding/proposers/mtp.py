@@ -101,45 +101,53 @@ class MTPProposer(Proposer):
         nxt = jnp.where(jnp.arange(p)[None] == (pre.lengths - 1)[:, None], pre.first[:, None], nxt)
         return self._fold(s, params, pre.state, pre.hidden, nxt, pre.lengths)
 
-    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+    def propose(
+        self, s, params, pparams, pstate, state, pending, active, key, budget=None
+    ) -> Proposal:
         if s.tree is not None:  # b_i children per node, chained along every branch
             select = greedy_select if s.sampling.greedy else sampled_children(key)
             drafts, q = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, select)
             return Proposal(drafts, q)
         if self.vocab_size:
-            return self._propose_in_vocab(s, params, pparams, pstate, state, key)
-        h, tmp = pstate.hidden, state
+            return self._propose_in_vocab(s, params, pparams, pstate, state, key, budget)
         one = jnp.ones_like(state.lengths)
 
-        def logits_fn(i, previous):
-            nonlocal h, tmp
+        def step(i, previous, carry):  # carry: (hidden, MTP cache, MTP lengths)
+            h, mtp, mtp_lengths = carry
             if i == 0:
-                return lm_logits(s.config, params, h)[:, 0]
+                return lm_logits(s.config, params, h)[:, 0], carry
+            tmp = state._replace(mtp=mtp, mtp_lengths=mtp_lengths)
             logits, h, tmp = mtp_window_step_impl(s.config, params, tmp, h, previous[:, None], one)
-            return logits[:, 0]
+            return logits[:, 0], (h, tmp.mtp, tmp.mtp_lengths)
 
-        drafts, q = base.select_drafts(s, logits_fn, key, s.k)
+        carry = (pstate.hidden, state.mtp, state.mtp_lengths)
+        out = base.select_drafts(s, step, key, s.k, carry, budget)
         # the chained drafts' rows stay in the MTP cache past its length (never read; the next
         # fold writes over them): no copy of the cache per step
-        return Proposal(drafts, q, state=state._replace(mtp=tmp.mtp))
+        mtp = out.carry[1]
+        return Proposal(out.drafts, out.q, state=state._replace(mtp=mtp), conf=out.conf)
 
-    def _propose_in_vocab(self, s, params, dh: DraftHead, pstate, state, key) -> Proposal:
+    def _propose_in_vocab(self, s, params, dh: DraftHead, pstate, state, key, budget) -> Proposal:
         """The chain with every draft chosen among ``dh.ids`` (logits of the subset head only);
         the chain feeds each draft's full-vocabulary id to the next MTP step."""
-        h, tmp = pstate.hidden, state
         one = jnp.ones_like(state.lengths)
 
-        def logits_fn(i, previous):
-            nonlocal h, tmp
+        def step(i, previous, carry):  # carry: (hidden, MTP cache, MTP lengths)
+            h, mtp, mtp_lengths = carry
             if i > 0:
                 token = dh.ids[previous][:, None]
+                tmp = state._replace(mtp=mtp, mtp_lengths=mtp_lengths)
                 h, tmp = mtp_window_hidden_impl(s.config, params, tmp, h, token, one)
-            return dh.head(h)[:, 0]
+                mtp, mtp_lengths = tmp.mtp, tmp.mtp_lengths
+            return dh.head(h)[:, 0], (h, mtp, mtp_lengths)
 
-        picked, q = base.select_drafts(s, logits_fn, key, s.k)
-        drafts = dh.ids[picked]
-        q = scatter_q(q, dh.ids, s.config.vocab_size)
-        return Proposal(drafts, q, state=state._replace(mtp=tmp.mtp))
+        carry = (pstate.hidden, state.mtp, state.mtp_lengths)
+        width = dh.ids.shape[0]
+        out = base.select_drafts(s, step, key, s.k, carry, budget, width)
+        drafts = dh.ids[out.drafts]
+        q = scatter_q(out.q, dh.ids, s.config.vocab_size)
+        mtp = out.carry[1]
+        return Proposal(drafts, q, state=state._replace(mtp=mtp), conf=out.conf)
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)

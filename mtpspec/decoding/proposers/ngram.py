@@ -115,7 +115,9 @@ class NgramProposer(Proposer):
         hist = jnp.zeros((b, s.capacity + 1), jnp.int32).at[:, :m].set(pre.prompts[:, :m])
         return NgramState(hist.at[jnp.arange(b), pre.lengths].set(pre.first)), pre.state
 
-    def propose(self, s, params, pparams, pstate, state, pending, active, key) -> Proposal:
+    def propose(
+        self, s, params, pparams, pstate, state, pending, active, key, budget=None
+    ) -> Proposal:
         hist_len = state.lengths + 1
         if s.tree is not None:
             drafts = ngram_tree_propose(pstate.hist, hist_len, s.tree, self.n_min, self.n_max)
