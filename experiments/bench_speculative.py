@@ -65,6 +65,18 @@ flags.DEFINE_list(
     ["2x1x1", "2x2x1", "3x2x1", "2x2x2", "2x2x1x1"],
     "Draft trees (b1xb2x...) swept beside the chains with proposer mtp ('': none).",
 )
+flags.DEFINE_list(
+    "p_min",
+    [],
+    "Draft confidences (SpecConfig.p_min) swept for every k and proposer with probabilities "
+    "(mtp, draft) beside the fixed chains; with --adaptive also with the policy.",
+)
+flags.DEFINE_bool(
+    "adaptive",
+    False,
+    "Also sweep the adaptive draft-length policy (SpecConfig.adaptive) at the "
+    "largest k, alone and with each --p_min.",
+)
 flags.DEFINE_string(
     "peer_checkpoint",
     str(cli.ROOT / "tests" / "fixtures" / "hf" / "qwen3_next"),
@@ -192,6 +204,7 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
         analysis.Point(p, k, c, linear) for p in proposers for k in ks for c in commits
     ]
     points += [analysis.Point("mtp", len(t), commits[0], linear, t) for t in trees(proposers)]
+    points += adaptive_points(proposers, ks, commits[0], linear)
     if resolve_linear(linear) != "xla":
         points.insert(1, analysis.PLAIN_XLA)
     t0 = time.perf_counter()
@@ -201,6 +214,28 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     )  # fmt: skip
     logging.info("sweep of %d configurations: %.1f s", len(points), time.perf_counter() - t0)
     return pieces, timed
+
+
+def adaptive_points(proposers, ks, commit, linear) -> list:
+    """--p_min for every k and proposer with probabilities; --adaptive at the largest k."""
+    try:
+        cuts = [float(x) for x in FLAGS.p_min]
+    except ValueError as e:
+        raise ValueError(f"--p_min must be numbers in [0, 1): {e}") from None
+    if any(not 0 < x < 1 for x in cuts):
+        raise ValueError(f"--p_min must be numbers in (0, 1), got {FLAGS.p_min}")
+    scored = [p for p in proposers if p in ("mtp", "draft")]
+    points = [
+        analysis.Point(p, k, commit, linear, p_min=x) for p in scored for k in ks for x in cuts
+    ]
+    if FLAGS.adaptive:
+        k = max(ks)
+        points += [analysis.Point(p, k, commit, linear, adaptive=True) for p in proposers]
+        points += [
+            analysis.Point(p, k, commit, linear, p_min=x, adaptive=True) for p in scored
+            for x in cuts
+        ]  # fmt: skip
+    return points
 
 
 def trees(proposers) -> list[tuple[int, ...]]:
@@ -253,17 +288,18 @@ def print_rows(rows, timed, repeats):
         "part removed;\nefficiency = decode speedup ÷ ideal (the ideal has no prefill in it)"
     )
     print(
-        f"{'proposer':<8} {'k':>2} {'commit':<7} {'tok/s':>8} {'speedup':>8} {'IQR':>11} "
-        f"{'decode':>6} {'tau':>5} {'ideal':>6} {'effic':>6} {'v/step':>6} {'c/v':>5}  same  "
-        "per-position acceptance"
+        f"{'proposer':<8} {'k':>2} {'commit':<7} {'adapts':<16} {'tok/s':>8} {'speedup':>8} "
+        f"{'IQR':>11} {'decode':>6} {'tau':>5} {'drafts':>6} {'ideal':>6} {'effic':>6} "
+        f"{'v/step':>6} {'c/v':>5}  same  per-position acceptance"
     )
     for r in rows:
         acc = " ".join(f"{x:.2f}" for x in r["position_acceptance"])
         print(
-            f"{r['proposer']:<8} {r['num_draft']:>2} {r['commit']:<7} "
+            f"{r['proposer']:<8} {r['num_draft']:>2} {r['commit']:<7} {r['variant'] or '-':<16} "
             f"{r['tokens_per_s']:>8.1f} {r['speedup']:>8.2f} "
             f"{r['speedup_iqr'][0]:>5.2f}-{r['speedup_iqr'][1]:<5.2f} {r['decode_speedup']:>6.2f} "
-            f"{r['tau']:>5.2f} {r['ideal']:>6.2f} {r['efficiency']:>6.2f} "
+            f"{r['tau']:>5.2f} {r['mean_drafted']:>6.2f} {r['ideal']:>6.2f} "
+            f"{r['efficiency']:>6.2f} "
             f"{r['verify_over_step']:>6.2f} {r['commit_over_verify']:>5.2f}  "
             f"{str(r['same_as_greedy']):<5} {acc}"
         )
@@ -401,7 +437,7 @@ def print_verdict(rows, best, plain_decode, t_step, recompiles, other_cpu) -> li
         invalid.append(f"{recompiles} recompiles during the timed part")
     print(f"\nother processes and steal during the measurement: {other_cpu:.0%} of the CPU")
     summary = (
-        f"{best['proposer']} k={best['num_draft']} {best['commit']}: speedup "
+        f"{best['proposer']} k={best['num_draft']} {best['commit']} {best['variant']}: speedup "
         f"{best['speedup']:.2f} (IQR {best['speedup_iqr'][0]:.2f}-{best['speedup_iqr'][1]:.2f}), "
         f"tau {best['tau']:.2f}, verify_over_step {best['verify_over_step']:.2f}, efficiency "
         f"{best['efficiency']:.2f}; recompiles during the timed part: {recompiles}"
@@ -431,13 +467,13 @@ def main(argv):
     costs = analysis.tree_costs(config, params, prompts[0], shapes) if shapes else None
     rows = analysis.summarize(timed, pieces, costs and costs["tree"])
     chains = [r for r in rows if r["tree"] is None]
-    alpha = analysis.alpha_per_proposer(chains)
+    alpha = analysis.alpha_per_proposer([r for r in chains if not r["variant"]])
     best = analysis.best(rows)
     t_step, mm = print_pieces(pieces, ks, commits, proposers, run["piece_iters"], config)
     plain_tps, plain_decode = print_rows(chains, timed, run["repeats"])
     print("alpha (i.i.d. fit to per-position acceptance): "
           + ", ".join(f"{p} {a:.3f}" for p, a in alpha.items()))  # fmt: skip
-    mtp = [r for r in rows if r["proposer"] == "mtp"]
+    mtp = [r for r in rows if r["proposer"] == "mtp" and not r["variant"]]
     if shapes:
         print("\nchains and trees (mtp; w/step: the verify window ÷ a step, in-loop):")
         print(analysis.tree_table(mtp, costs))
@@ -461,7 +497,12 @@ def main(argv):
             f"{pathlib.Path(FLAGS.checkpoint).name}: {len(prompts)} prompts × {run['max_new']} "
             f"tokens, jax {jax.__version__} {jax.default_backend()}"
         )
-        analysis.plot_sweep(chains, alpha, str(out / "speedup_tau_vs_k.png"), title=title)
+        analysis.plot_sweep(
+            [r for r in chains if not r["variant"]],
+            alpha,
+            str(out / "speedup_tau_vs_k.png"),
+            title=title,
+        )
         print(f"plots: {out / 'speedup_tau_vs_k.png'}")
         if shapes:
             analysis.plot_nodes(mtp, str(out / "tau_speedup_vs_nodes.png"), title=title)

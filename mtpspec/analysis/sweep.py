@@ -29,11 +29,26 @@ class Point(NamedTuple):
     commit: str | None
     linear: str = "auto"  # the decoding tree's linear implementation (``decoding.prepare``)
     tree: tuple[int, ...] | None = None  # a draft tree's branching (``SpecConfig.tree``)
+    p_min: float = 0.0  # ``SpecConfig.p_min``: drafting stops below this confidence
+    adaptive: bool = False  # ``SpecConfig.adaptive``: each sequence's own draft length
+
+    @property
+    def adapts(self) -> bool:
+        """The draft length adapts per step (its window is k + 1 rows at most)."""
+        return self.p_min > 0 or self.adaptive
+
+    @property
+    def variant(self) -> str:
+        """ "" for fixed k, else what adapts: "p>=0.3", "adaptive", "adaptive p>=0.3"."""
+        parts = (["adaptive"] if self.adaptive else []) + (
+            [f"p>={self.p_min:g}"] if self.p_min > 0 else []
+        )
+        return " ".join(parts)
 
     @property
     def program(self) -> tuple:
         """What the prefill part depends on (not the commit strategy)."""
-        return (self.proposer, self.k, self.linear, self.tree)
+        return (self.proposer, self.k, self.linear, self.tree, self.adapts)
 
     @property
     def nodes(self) -> int:
@@ -53,7 +68,10 @@ def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
         if draft is None:
             raise ValueError("proposer 'draft' needs a draft model (config, params)")
         extra = dict(draft_config=draft[0], draft_params=draft[1])
-    return decoding.SpecConfig(point.proposer, point.k, point.commit, tree=point.tree, **extra)
+    return decoding.SpecConfig(
+        point.proposer, point.k, point.commit, tree=point.tree, p_min=point.p_min,
+        adaptive=point.adaptive, **extra,
+    )  # fmt: skip
 
 
 def stock_attention(linear: str) -> str:
@@ -153,7 +171,9 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
     implementation in the same run (a ``Point("none", 0, None, linear)`` must be swept), pooled τ
     and per-position acceptance, the ideal speed-up from the pieces and the efficiency. A tree
     point's verify cost is its whole tree window ÷ step from ``tree_windows`` (``tree_costs``);
-    its draft cost is not split out, so its ideal and efficiency are NaN."""
+    its draft cost is not split out, so its ideal and efficiency are NaN. So are an adaptive
+    point's (``Point.adapts``: its window varies per step); its ``verify_over_step`` is the
+    longest window's and ``mean_drafted`` the drafts its windows held on average."""
     rows = []
     for pt in timed.points:
         if pt.proposer == "none":
@@ -168,6 +188,9 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
         if pt.tree is not None:
             ratio = (tree_windows or {}).get(pt.tree, float("nan"))
             pc["verify"], t_draft, ideal = ratio * pc["step"], float("nan"), float("nan")
+        if pt.adapts:
+            ideal = float("nan")
+        drafted = [d for st in timed.stats[pt] for seq in st["drafted"] for d in seq if d >= 0]
         rows.append(
             dict(
                 proposer=pt.proposer,
@@ -175,6 +198,10 @@ def summarize(timed: Timed, pieces: dict, tree_windows: dict | None = None) -> l
                 tree=pt.tree,
                 nodes=pt.nodes,
                 commit=pt.commit,
+                p_min=pt.p_min,
+                adaptive=pt.adaptive,
+                variant=pt.variant,
+                mean_drafted=statistics.fmean(drafted) if drafted else 0.0,
                 tokens_per_s=tps,
                 decode_tokens_per_s=decode_tps,
                 speedup=tps / plain_tps,
@@ -241,7 +268,8 @@ def self_checks(rows: list[dict], plain_decode_tps: float, t_step: float) -> lis
     (a window cannot emit more than τ tokens per window's time); the plain loop's time per decoded
     token (1 ÷ ``plain_decode_tps``) at most ``PLAIN_LOOP_SLACK`` × its own step piece
     ``t_step`` (a slower plain loop is a handicapped baseline that inflates every speed-up).
-    Trees (no split-out draft cost) get only the τ ÷ r check; NaN figures are skipped."""
+    Trees (no split-out draft cost) get only the τ ÷ r check; adaptive rows (windows of 1..k + 1
+    rows) only τ ÷ 1 (a window costs at least a step); NaN figures are skipped."""
     lo, hi = EFFICIENCY_RANGE
     found = []
     plain_token_s = 1.0 / plain_decode_tps
@@ -256,7 +284,11 @@ def self_checks(rows: list[dict], plain_decode_tps: float, t_step: float) -> lis
             if r["tree"] is None
             else "mtp tree " + "x".join(map(str, r["tree"]))
         )
+        if r.get("variant"):
+            name += " " + r["variant"]
         eff, bound = r["efficiency"], r["tau"] / r["verify_over_step"]
+        if r.get("variant"):  # its windows may be shorter than the longest one's r
+            bound = r["tau"]
         if r["tree"] is None and eff == eff and not lo <= eff <= hi:
             found.append(f"{name}: efficiency {eff:.2f} outside [{lo}, {hi}]")
         if r["decode_speedup"] > bound:
