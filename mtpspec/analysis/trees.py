@@ -64,7 +64,7 @@ def tree_costs(
 
     plain = decoding.prepare(config, params, [list(prompt)], max_new_tokens=iters + 8,
                              linear=linear)  # fmt: skip
-    pp, ppp, _, _, max_new, eos, _ = plain.args
+    pp, ppp, _, _, max_new, eos, _, _ = plain.args
 
     def plain_body(consts, c):
         return program.step(plain.key, *consts, c)
