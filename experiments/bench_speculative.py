@@ -204,7 +204,8 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
         analysis.Point(p, k, c, linear) for p in proposers for k in ks for c in commits
     ]
     points += [analysis.Point("mtp", len(t), commits[0], linear, t) for t in trees(proposers)]
-    points += adaptive_points(proposers, ks, commits[0], linear)
+    points += analysis.adaptive_points(proposers, ks, commits[0], linear, FLAGS.p_min,
+                                       FLAGS.adaptive)  # fmt: skip
     if resolve_linear(linear) != "xla":
         points.insert(1, analysis.PLAIN_XLA)
     t0 = time.perf_counter()
@@ -214,28 +215,6 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
     )  # fmt: skip
     logging.info("sweep of %d configurations: %.1f s", len(points), time.perf_counter() - t0)
     return pieces, timed
-
-
-def adaptive_points(proposers, ks, commit, linear) -> list:
-    """--p_min for every k and proposer with probabilities; --adaptive at the largest k."""
-    try:
-        cuts = [float(x) for x in FLAGS.p_min]
-    except ValueError as e:
-        raise ValueError(f"--p_min must be numbers in [0, 1): {e}") from None
-    if any(not 0 < x < 1 for x in cuts):
-        raise ValueError(f"--p_min must be numbers in (0, 1), got {FLAGS.p_min}")
-    scored = [p for p in proposers if p in ("mtp", "draft")]
-    points = [
-        analysis.Point(p, k, commit, linear, p_min=x) for p in scored for k in ks for x in cuts
-    ]
-    if FLAGS.adaptive:
-        k = max(ks)
-        points += [analysis.Point(p, k, commit, linear, adaptive=True) for p in proposers]
-        points += [
-            analysis.Point(p, k, commit, linear, p_min=x, adaptive=True) for p in scored
-            for x in cuts
-        ]  # fmt: skip
-    return points
 
 
 def trees(proposers) -> list[tuple[int, ...]]:
@@ -304,27 +283,6 @@ def print_rows(rows, timed, repeats):
             f"{str(r['same_as_greedy']):<5} {acc}"
         )
     return plain_tps, plain_decode
-
-
-def memory_report(pieces, k, commits) -> dict:
-    memory = {
-        "state_bytes": pieces[k]["state_bytes"],
-        "k": k,
-        **{
-            s: {
-                "commit_data_bytes": pieces[k][f"commit_data_bytes_{s}"],
-                "verify_commit_temp_bytes": pieces[k][f"step_temp_bytes_{s}"],
-            }
-            for s in commits
-        },
-    }
-    mem = ", ".join(
-        f"{s}: commit data {memory[s]['commit_data_bytes'] / 1024:.1f} KiB, temp "
-        f"{(memory[s]['verify_commit_temp_bytes'] or 0) / 1024:.1f} KiB"
-        for s in commits
-    )
-    print(f"memory (k={k}): decode state {memory['state_bytes'] / 1024:.1f} KiB; {mem}")
-    return memory
 
 
 def linear_report(config, params, prompt, ks, run) -> dict:
@@ -477,7 +435,7 @@ def main(argv):
     if shapes:
         print("\nchains and trees (mtp; w/step: the verify window ÷ a step, in-loop):")
         print(analysis.tree_table(mtp, costs))
-    memory = memory_report(pieces, ks[-1], commits)
+    memory = analysis.memory_report(pieces, ks[-1], commits)
     plain_linears = print_plain_linears(timed)
     linears = linear_report(config, params, prompts[0], ks, run)
     copies = copies_report(config, params, prompts[0], ks, proposers, run)

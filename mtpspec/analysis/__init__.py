@@ -33,8 +33,10 @@ from mtpspec.analysis.sweep import (
     PLAIN_XLA,
     Point,
     Timed,
+    adaptive_points,
     alpha_per_proposer,
     best,
+    memory_report,
     per_round_speedup,
     quick_checks,
     run_point,
@@ -63,6 +65,8 @@ from mtpspec.analysis.tree_plan import (
 from mtpspec.analysis.trees import plot_nodes, tree_costs, tree_table
 
 __all__ = [
+    "adaptive_points",
+    "memory_report",
     "PIECES",
     "PLAIN",
     "PLAIN_XLA",

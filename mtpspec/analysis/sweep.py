@@ -60,6 +60,26 @@ PLAIN = Point("none", 0, None)
 PLAIN_XLA = Point("none", 0, None, "xla")  # plain greedy on XLA's own path: the kernels' baseline
 
 
+def adaptive_points(proposers, ks, commit, linear, p_min, adaptive: bool) -> list[Point]:
+    """``p_min`` (strings or numbers in (0, 1)) for every k and proposer with probabilities
+    (mtp, draft); with ``adaptive``, the policy at the largest k, alone and with each p_min."""
+    try:
+        cuts = [float(x) for x in p_min]
+    except ValueError as e:
+        raise ValueError(f"p_min must be numbers in (0, 1): {e}") from None
+    if any(not 0 < x < 1 for x in cuts):
+        raise ValueError(f"p_min must be numbers in (0, 1), got {list(p_min)}")
+    scored = [p for p in proposers if p in ("mtp", "draft")]
+    points = [Point(p, k, commit, linear, p_min=x) for p in scored for k in ks for x in cuts]
+    if adaptive:
+        k = max(ks)
+        points += [Point(p, k, commit, linear, adaptive=True) for p in proposers]
+        points += [
+            Point(p, k, commit, linear, p_min=x, adaptive=True) for p in scored for x in cuts
+        ]
+    return points
+
+
 def spec_for(point: Point, draft=None) -> decoding.SpecConfig | None:
     if point.proposer == "none":
         return None
@@ -310,3 +330,24 @@ def alpha_per_proposer(rows: list[dict]) -> dict[str, float]:
 
 def best(rows: list[dict]) -> dict:
     return max(rows, key=lambda r: r["speedup"])
+
+
+def memory_report(pieces, k, commits) -> dict:
+    memory = {
+        "state_bytes": pieces[k]["state_bytes"],
+        "k": k,
+        **{
+            s: {
+                "commit_data_bytes": pieces[k][f"commit_data_bytes_{s}"],
+                "verify_commit_temp_bytes": pieces[k][f"step_temp_bytes_{s}"],
+            }
+            for s in commits
+        },
+    }
+    mem = ", ".join(
+        f"{s}: commit data {memory[s]['commit_data_bytes'] / 1024:.1f} KiB, temp "
+        f"{(memory[s]['verify_commit_temp_bytes'] or 0) / 1024:.1f} KiB"
+        for s in commits
+    )
+    print(f"memory (k={k}): decode state {memory['state_bytes'] / 1024:.1f} KiB; {mem}")
+    return memory
