@@ -7,37 +7,35 @@ bad settings are clear errors."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import mtpspec
-from mtpspec import config as C
-from mtpspec import models
 from mtpspec.decoding import adaptive, stages
 from mtpspec.decoding.draft_vocab import DraftVocab
 from mtpspec.decoding.proposers import base
-from tests.test_sampling import PROMPT, TOP_K, TOP_P, T, V, chi_square_p_value, exact_probs
+from tests.test_sampling import (
+    PROMPT,
+    V,
+    chi_square_p_value,
+    exact_probs,
+    first_three_counts,
+    tiny_draft_model,
+    tiny_model,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3], [6, 6, 1]]
 
 
 @pytest.fixture(scope="module")
 def model():  # test_sampling's model: its MTP head's drafts are often accepted
-    config = C.tiny_moe(vocab_size=V, **C.TWO_LAYERS)
-    return config, models.init_params(config, jax.random.key(3), norm_scale=0.1)
+    return tiny_model()
 
 
 @pytest.fixture(scope="module")
-def draft_model():  # test_sampling's draft model
-    dconfig = C.tiny_hybrid(
-        vocab_size=V,
-        layer_types=("linear_attention", "full_attention"),
-        mlp_types=("dense", "dense"),
-        mtp_num_layers=0,
-    )
-    return dconfig, models.init_params(dconfig, jax.random.key(5), norm_scale=0.1)
+def draft_model():
+    return tiny_draft_model()
 
 
 def _spec(**kw):
@@ -158,16 +156,8 @@ P_MIN = 0.25  # cuts about half the windows on this model (checked below)
 
 
 def _first_three(model, p_min=P_MIN, policy=True):
-    config, params = model
     spec = _spec(num_draft=2, commit="replay", p_min=p_min, adaptive=policy)
-    result = mtpspec.generate(
-        config, params, [PROMPT] * 10_000, max_new_tokens=3, speculative=spec,
-        temperature=T, top_k=TOP_K, top_p=TOP_P, seed=0,
-    )  # fmt: skip
-    seqs = np.asarray(result.tokens)
-    counts = np.zeros((V, V, V))
-    np.add.at(counts, (seqs[:, 0], seqs[:, 1], seqs[:, 2]), 1)
-    return counts, result.stats
+    return first_three_counts(model, spec)
 
 
 @pytest.mark.slow(25)

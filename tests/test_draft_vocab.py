@@ -11,20 +11,24 @@ import numpy as np
 import pytest
 
 import mtpspec
-from mtpspec import config as C
-from mtpspec import models
 from mtpspec.decoding import draft_vocab as dvmod
 from mtpspec.decoding.draft_vocab import DraftVocab
 from mtpspec.decoding.proposers import mtp as mtp_proposer
-from tests.test_sampling import PROMPT, TOP_K, TOP_P, T, V, chi_square_p_value, exact_probs
+from tests.test_sampling import (
+    PROMPT,
+    V,
+    chi_square_p_value,
+    exact_probs,
+    first_three_counts,
+    tiny_model,
+)
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3], [6, 6, 1]]
 
 
 @pytest.fixture(scope="module")
 def model():  # test_sampling's model: its MTP head's drafts are often accepted
-    config = C.tiny_moe(vocab_size=V, **C.TWO_LAYERS)
-    return config, models.init_params(config, jax.random.key(3), norm_scale=0.1)
+    return tiny_model()
 
 
 # ---- the value ---------------------------------------------------------------------------------
@@ -125,17 +129,10 @@ def test_one_compile_per_vocabulary_size(model):
 
 
 def _first_three(model, ids):
-    config, params = model
     dv = DraftVocab(ids, vocab_size=V)
     spec = mtpspec.SpecConfig(num_draft=2, commit="replay", draft_vocab=dv)
-    result = mtpspec.generate(
-        config, params, [PROMPT] * 10_000, max_new_tokens=3, speculative=spec,
-        temperature=T, top_k=TOP_K, top_p=TOP_P, seed=0,
-    )  # fmt: skip
-    seqs = np.asarray(result.tokens)
-    counts = np.zeros((V, V, V))
-    np.add.at(counts, (seqs[:, 0], seqs[:, 1], seqs[:, 2]), 1)
-    return counts, result.stats["tau"]
+    counts, stats = first_three_counts(model, spec)
+    return counts, stats["tau"]
 
 
 SUBSET = [0, 2, 3, 5, 6]  # leaves out three ids that the target samples

@@ -22,10 +22,41 @@ N = 10_000
 PROMPT = [1, 2, 3, 4, 5]
 
 
-@pytest.fixture(scope="module")
-def model():
+def tiny_model():
+    """The sampling tests' target (its MTP head's drafts are often accepted); other test modules
+    make the same one."""
     config = C.tiny_moe(vocab_size=V, **C.TWO_LAYERS)
     return config, models.init_params(config, jax.random.key(3), norm_scale=0.1)
+
+
+def tiny_draft_model():
+    """A draft model for ``tiny_model`` (same vocabulary, no MTP head)."""
+    dconfig = C.tiny_hybrid(
+        vocab_size=V,
+        layer_types=("linear_attention", "full_attention"),
+        mlp_types=("dense", "dense"),
+        mtp_num_layers=0,
+    )
+    return dconfig, models.init_params(dconfig, jax.random.key(5), norm_scale=0.1)
+
+
+def first_three_counts(model, spec):
+    """Speculative sampling of ``N`` continuations of PROMPT, 3 tokens each, at (T, TOP_K,
+    TOP_P): (counts [V, V, V] of the joint outcomes, the result's stats)."""
+    config, params = model
+    result = mtpspec.generate(
+        config, params, [PROMPT] * N, max_new_tokens=3, speculative=spec,
+        temperature=T, top_k=TOP_K, top_p=TOP_P, seed=0,
+    )  # fmt: skip
+    seqs = np.asarray(result.tokens)
+    counts = np.zeros((V, V, V))
+    np.add.at(counts, (seqs[:, 0], seqs[:, 1], seqs[:, 2]), 1)
+    return counts, result.stats
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
 
 
 def chi_square_p_value(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -124,14 +155,8 @@ def test_generate_speculative_sampling_matches_target_distribution(model):
     target's."""
     config, params = model
     spec = mtpspec.SpecConfig(proposer="mtp", num_draft=2, commit="replay")
-    result = mtpspec.generate(
-        config, params, [PROMPT] * N, max_new_tokens=3, speculative=spec,
-        temperature=T, top_k=TOP_K, top_p=TOP_P, seed=0,
-    )  # fmt: skip
-    seqs = np.asarray(result.tokens)
-    assert result.stats["tau"] > 1.2  # drafts were accepted: the test exercises acceptance
-    counts = np.zeros((V, V, V))
-    np.add.at(counts, (seqs[:, 0], seqs[:, 1], seqs[:, 2]), 1)
+    counts, stats = first_three_counts(model, spec)
+    assert stats["tau"] > 1.2  # drafts were accepted: the test exercises acceptance
     assert chi_square_p_value(counts, exact_probs(config, params, PROMPT, 3)) > 1e-3
 
 
@@ -150,13 +175,7 @@ def test_filters_keep_top_k_and_nucleus():
 
 @pytest.fixture(scope="module")
 def draft_model():
-    dconfig = C.tiny_hybrid(
-        vocab_size=V,
-        layer_types=("linear_attention", "full_attention"),
-        mlp_types=("dense", "dense"),
-        mtp_num_layers=0,
-    )
-    return dconfig, models.init_params(dconfig, jax.random.key(5), norm_scale=0.1)
+    return tiny_draft_model()
 
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]

@@ -57,13 +57,6 @@ def max_prob(logits: jax.Array) -> jax.Array:
     return jnp.exp(jnp.max(x, axis=-1) - jax.nn.logsumexp(x, axis=-1))
 
 
-def still_drafting(conf_before: jax.Array, i: int, p_min, k_cap, active) -> jax.Array:
-    """[b] bool: rows that draft position i, given ``conf_before`` [b, i + 1] (the confidences
-    up to and including position i)."""
-    ok = jnp.all(conf_before[:, : i + 1] >= p_min, axis=1)
-    return active & ok & (i < k_cap)
-
-
 def draft_count(conf: jax.Array | None, k: int, limits: DraftLimits, policy: Policy, active):
     """m [b] int32: drafts each row puts in the window (0 for finished rows). ``conf`` [b, k]
     (None: the proposer has no probabilities, e.g. n-gram lookup: p_min does not cut)."""
@@ -92,7 +85,7 @@ def pad_rows(tree, rows: int):
     """Every leaf's axis 1 zero-padded to ``rows`` (window outputs: logits, hidden, commit data)."""
 
     def pad(x):
-        if x is None or x.shape[1] == rows:
+        if x.shape[1] == rows:
             return x
         widths = [(0, 0)] * x.ndim
         widths[1] = (0, rows - x.shape[1])

@@ -163,10 +163,9 @@ def select_drafts(
     for i in range(k):
         previous = picked[-1][0] if picked else None
         if budget is not None and i > 0:
-            b = previous.shape[0]
 
-            def skip(previous, carry, i=i, b=b):
-                return jnp.zeros((b, width), jnp.float32), carry
+            def skip(previous, carry):
+                return jnp.zeros((previous.shape[0], width), jnp.float32), carry
 
             def run(previous, carry, i=i):
                 logits, carry = step(i, previous, carry)
