@@ -60,12 +60,20 @@ def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strate
     for j in range(k + 2):
         n = jnp.asarray([j, k + 1 - j], jnp.int32)
         got = commit_window(snapshot, verified.state, verified.commit, n, strategy, native)
+        # the same commit's gathered (tree) form along the chain's path, rows 0..k in place
+        path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (2, k + 1))
+        gathered = commit_window(
+            snapshot, verified.state, verified.commit, n, strategy, native, rows=path
+        )
         fresh = models.window_step(config, params, snapshot, window, n).state
         np.testing.assert_array_equal(got.lengths, fresh.lengths)
-        for a, b in zip(got.layers, fresh.layers, strict=True):
+        np.testing.assert_array_equal(gathered.lengths, fresh.lengths)
+        for a, g, b in zip(got.layers, gathered.layers, fresh.layers, strict=True):
             if isinstance(a, GDNCache):
                 assert rel_err(a.state, b.state) <= 1e-6, (strategy, j)
+                assert rel_err(g.state, b.state) <= 1e-6, (strategy, j)
                 np.testing.assert_array_equal(a.conv, b.conv)
+                np.testing.assert_array_equal(g.conv, b.conv)
         # The committed state continues exactly like the full sequence's forward.
         nxt = jnp.asarray([1, 2], jnp.int32)
         logits = models.step(config, params, got, nxt).logits[:, 0]

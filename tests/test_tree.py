@@ -1,7 +1,7 @@
-"""Tree verify windows (``models.tree``, ``decoding.tree``): every GDN and conv node against the
-recurrence along its path, every tree row's logits against a chain over its path, commit(node)
-against a fresh replay of its path for every node and strategy (with negative controls), and
-greedy acceptance of the deepest matching path."""
+"""Tree verify windows (``models.tree``, ``decoding.window``, ``decoding.commit``): every GDN
+and conv node against the recurrence along its path, every tree row's logits against a chain over
+its path, commit(node) against a fresh replay of its path for every node and strategy (with
+negative controls), and greedy acceptance of the deepest matching path."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models, ops
 from mtpspec.decoding import sampling
-from mtpspec.decoding import tree as dtree
-from mtpspec.decoding.commit import COMMIT_STRATEGIES
+from mtpspec.decoding import window as dwindow
+from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window
 from mtpspec.kernels import cpu_gdn
 from mtpspec.models import GDNCache, decoder, mtp_tree
 from mtpspec.models import tree as mtree
@@ -148,7 +148,12 @@ def _assert_states_equal(got, want, tol=1e-5):
 def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
     config, params, state = model
     tree, tokens, out = _tree_window(model, shape, seed=2)
-    commit = jax.jit(dtree.commit_path, static_argnames=("tree", "strategy"))
+
+    def commit_path(snapshot, verified, commits, node, n, tree, strategy):
+        rows = dwindow.path_rows(tree, node)
+        return commit_window(snapshot, verified, commits, n, strategy, rows=rows)
+
+    commit = jax.jit(commit_path, static_argnames=("tree", "strategy"))
     for r in range(tree.rows):
         node = jnp.array([r, r], jnp.int32)
         n = jnp.full((2,), tree.row_depth[r] + 1, jnp.int32)
@@ -173,7 +178,8 @@ def test_an_inactive_sequence_keeps_its_state(model):
     tree, _, out = _tree_window(model, (2, 2), seed=3, active=(True, False))
     node, n = jnp.array([4, 0], jnp.int32), jnp.array([3, 0], jnp.int32)
     for strategy in COMMIT_STRATEGIES:
-        got = dtree.commit_path(state, out.state, out.commit, node, n, tree, strategy)
+        rows = dwindow.path_rows(tree, node)
+        got = commit_window(state, out.state, out.commit, n, strategy, rows=rows)
         np.testing.assert_array_equal(got.lengths, state.lengths + n)
         for a, b in zip(got.layers, state.layers, strict=True):
             if isinstance(a, GDNCache):
@@ -192,9 +198,50 @@ def test_greedy_acceptance_takes_the_deepest_matching_path():
     tokens[0, 6] = target[0, 2]
     tokens[0, 3] = target[0, 1]  # row 3's parent (row 1) is wrong: not accepted
     tokens[1, 1] = tokens[1, 2] = target[1, 0]  # duplicate siblings: the lower row wins
-    node, n, token = dtree.accept_greedy(tree, logits, jnp.asarray(tokens))
-    assert node.tolist() == [6, 1, 0] and n.tolist() == [3, 2, 1]
+    node, token = dwindow.accept_greedy(tree, logits, jnp.asarray(tokens))
+    assert node.tolist() == [6, 1, 0] and tree.row_depth[node].tolist() == [2, 1, 0]
     assert token.tolist() == [target[0, 6], target[1, 1], target[2, 0]]
+
+
+class _GenericChain(TreeShape):
+    """A chain window that takes the generic tree forms (the chain's fast forms off)."""
+
+    is_chain = False
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_a_chains_accept_equals_the_tree_form_on_its_window(k):
+    """One accept: the chain's running-product greedy form equals the tree form (every path
+    checked) on the tree of ones, with and without a per-row draft count; sampled, the chain's
+    ``speculative_accept`` is the window walk on the chain (same node and token per key)."""
+    rng = np.random.default_rng(k)
+    b, vocab = 64, 4  # a tiny vocabulary: every accepted length occurs
+    logits = jnp.asarray(rng.standard_normal((b, k + 1, vocab)), jnp.float32)
+    target = np.asarray(jnp.argmax(logits, -1))
+    tokens = np.where(rng.random((b, k + 1)) < 0.7, np.roll(target, 1, axis=1), 0)
+    tokens[:, 0] = 0
+    tokens = jnp.asarray(tokens, jnp.int32)
+    chain, generic = TreeShape.chain(k), _GenericChain((1,) * k)
+    assert chain.is_chain and not generic.is_chain
+    drafted = jnp.asarray(rng.integers(0, k + 1, b), jnp.int32)
+    for cap in (None, drafted):
+        fast = dwindow.accept_greedy(chain, logits, tokens, cap)
+        slow = dwindow.accept_greedy(generic, logits, tokens, cap)
+        np.testing.assert_array_equal(fast[0], slow[0])
+        np.testing.assert_array_equal(fast[1], slow[1])
+        lead = np.cumprod(np.asarray(tokens)[:, 1:] == target[:, :-1], axis=1).sum(1)
+        want = lead if cap is None else np.minimum(lead, np.asarray(cap))
+        np.testing.assert_array_equal(fast[0], want)  # the obvious oracle: leading matches
+    assert len(set(np.asarray(fast[0]).tolist())) == k + 1  # every accepted length occurred
+    q = jax.nn.softmax(jnp.asarray(rng.standard_normal((b, k, vocab)), jnp.float32), -1)
+    keys = jax.random.split(jax.random.key(1), b)
+    a, token = sampling.speculative_accept(keys, logits, tokens[:, 1:], q, 1.0, drafted=drafted)
+    node, token2 = sampling.tree_speculative_accept(
+        keys, logits, tokens, q, generic, 1.0, drafted=drafted
+    )
+    np.testing.assert_array_equal(a, node)
+    np.testing.assert_array_equal(token, token2)
+    assert np.all(np.asarray(a) <= np.asarray(drafted))
 
 
 @pytest.fixture(scope="module")
@@ -358,9 +405,10 @@ def _first_token_counts(tree, residual, n=20_000, deterministic=False):
         qs = q
         if deterministic:
             drafts, qs = fixed, jax.nn.one_hot(fixed, V, dtype=jnp.float32)
-        node, m, token = sampling.tree_speculative_accept(
-            k2[None], logits[None], drafts[None], qs[None], tree, 1.0, residual=residual
+        node, token = sampling.tree_speculative_accept(
+            k2[None], logits[None], drafts[None], qs[None, 1:], tree, 1.0, residual=residual
         )
+        m = jnp.asarray(tree.row_depth)[node] + 1
         path = jnp.asarray(tree.path)[node[0]]
         return jnp.where(m[0] > 1, drafts[path[1]], token[0]), m[0]
 

@@ -22,14 +22,14 @@ from mtpspec import config as C
 from mtpspec import decoding, models
 from mtpspec.analysis import tree_plan
 from mtpspec.decoding import program, stages
-from mtpspec.decoding import tree as dtree
+from mtpspec.decoding import window as dwindow
 from mtpspec.models.tree import TreeShape
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _monte_carlo_tau(shape, p, n, seed):
-    """Greedy acceptance (``decoding.tree.accept_greedy``) of n random trees where, at depth j,
+    """Greedy acceptance (``decoding.window.accept_greedy``) of n random trees where, at depth j,
     the target's token is the path node's rank-r child with probability p[j][r] (none of the
     drafted children with the rest), independently of the ranks above: the mean of n."""
     tree = TreeShape(shape)
@@ -49,8 +49,8 @@ def _monte_carlo_tau(shape, p, n, seed):
         tokens[seqs[hit], child[hit]] = j + 1
         node, alive = np.where(hit, child, node), hit
     logits = jax.nn.one_hot(target, vocab)
-    _, accepted_n, _ = dtree.accept_greedy(tree, logits, jnp.asarray(tokens, jnp.int32))
-    return float(np.mean(np.asarray(accepted_n)))
+    node, _ = dwindow.accept_greedy(tree, logits, jnp.asarray(tokens, jnp.int32))
+    return float(np.mean(tree.row_depth[np.asarray(node)] + 1))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,12 @@ positions per sequence (n = 0 leaves the snapshot unchanged):
               takes the window's final state as is where all t positions are kept).
   GDN conv window: slice of [old window ‖ window inputs] at offset n.
   Attention KV (target): the verified cache with length L + n; rows beyond are stale, masked.
+
+A tree window (``models.tree``) is committed by the same function: its accepted node's path
+(``rows``) is gathered out of the commit data first — along a path, keys, values, decays and
+updates are exactly a chain window's — and the path's attention keys move from the slots
+L + row they were written at to L .. L + depth. A chain is the fast form: its path is the
+window's first n rows in place, nothing is gathered or moved.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec import ops
+from mtpspec.decoding import window
 from mtpspec.kernels import cpu_gdn
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
+from mtpspec.ops import GDNAux
 
 COMMIT_STRATEGIES = ("scan", "states", "replay")
 
@@ -95,21 +103,59 @@ def commit_gdn(
     return GDNCache(state, conv.astype(cache0.conv.dtype))
 
 
+def path_commit(data: GDNCommit, rows) -> GDNCommit:
+    """A GDN layer's commit data restricted to window rows ``rows`` [b, m] (a tree node's path):
+    along a path, keys, values, decays and updates are exactly a chain window's."""
+    aux = data.aux
+    states = None if aux.states is None else window.along(aux.states, rows)
+    along = lambda x: window.along(x, rows)  # noqa: E731
+    return GDNCommit(
+        along(data.conv_in),
+        along(data.k),
+        along(data.v),
+        along(data.g),
+        along(data.beta),
+        GDNAux(u=along(aux.u), g_cum=along(aux.g_cum), states=states),
+    )
+
+
 def commit_window(
     snapshot: DecodeState,  # before the verify window
-    verified: DecodeState,  # after folding the whole window
+    verified: DecodeState,  # after the window (a tree window: its keys at slots L + row)
     commits: tuple,  # per layer: GDNCommit, or AttentionCommit (nothing to keep)
-    n: jax.Array,  # [b] int32: window positions to keep
+    n: jax.Array,  # [b] int32: positions to keep (0: nothing, an inactive sequence)
     strategy: str,
     native: bool = False,  # the window's GDN ran the C++ kernel: so does a "replay" commit
+    rows: jax.Array | None = None,  # [b, d + 1] the kept path's window rows; None: a chain's
 ) -> DecodeState:
-    """The target state holding exactly the first ``n`` window positions."""
+    """The target state holding exactly the first ``n`` positions of the accepted path: the one
+    commit of chains and trees. ``rows`` None (a chain: the path is rows 0..n − 1 in place) is
+    the fast form; with ``rows`` (a tree node's path, ``window.path_rows``) the path's GDN
+    commit data is gathered (then the same three strategies) and its attention keys and values
+    move from slots L + row to L .. L + depth."""
+    if rows is not None:
+        b, m = rows.shape
+        slots_from = snapshot.lengths[:, None] + rows  # where the path's keys were written
+        slots_to = snapshot.lengths[:, None] + jnp.arange(m, dtype=jnp.int32)[None]
+        bi = jnp.arange(b)[:, None]
     layers = []
     for before, after, data in zip(snapshot.layers, verified.layers, commits, strict=True):
         if isinstance(before, GDNCache):
-            layers.append(commit_gdn(before, data, n, strategy, native, final=after.state))
-        else:  # attention: keep the written KV, rewind the length
+            if rows is None:  # the window's final state is the state of rows keeping all t
+                layers.append(commit_gdn(before, data, n, strategy, native, final=after.state))
+            else:
+                layers.append(commit_gdn(before, path_commit(data, rows), n, strategy, native))
+        elif rows is None:  # attention: keep the written KV, rewind the length
             layers.append(after)
+        else:
+            k = after.k[bi, :, slots_from]  # [b, m, g, d]
+            v = after.v[bi, :, :, slots_from]  # [b, m, g, d]
+            layers.append(
+                after._replace(
+                    k=after.k.at[bi, :, slots_to].set(k, mode="drop"),
+                    v=after.v.at[bi, :, :, slots_to].set(v, mode="drop"),
+                )
+            )
     return verified._replace(layers=tuple(layers), lengths=snapshot.lengths + n)
 
 

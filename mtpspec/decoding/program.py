@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from mtpspec import compiled, sharding
 from mtpspec.config import ModelConfig
-from mtpspec.decoding import adaptive, stages, tree
+from mtpspec.decoding import adaptive, stages
 from mtpspec.decoding.adaptive import DraftLimits, Policy
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
 from mtpspec.decoding.proposers.base import Budget
@@ -77,7 +77,7 @@ class Carry(NamedTuple):
     step: jax.Array  # []
     draws: Draws  # per-row keys and sampling settings
     logp: jax.Array  # [b, out_size] f32 log-probability of each emitted token ([b, 0] when off)
-    node: jax.Array  # [b] the last step's accepted tree row (−1: a chain, or no step yet)
+    node: jax.Array  # [b] the last step's accepted window row (−1: not active, or no step yet)
     limits: DraftLimits  # the call's p_min and adaptive flag (arrays: never recompiled)
     policy: Policy  # [b] per-sequence draft length and its running average
     drafted: jax.Array  # [out_size, b] drafts in each step's window (−1: not active)
@@ -176,17 +176,16 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
     if budget is not None:
         m = adaptive.draft_count(proposal.conf, s.k, c.limits, c.policy, active)
     state = c.state if proposal is None or proposal.state is None else proposal.state
-    if s.tree is None:
-        verified = stages.verify(s, params, state, c.pending, drafts, active, m)
-        accepted, token = stages.accept(s, step_draws.fold(ACCEPT), verified.logits, drafts, q, m)
-        n = jnp.where(active, accepted + 1, 0)
-        state = stages.commit(s, state, verified, n)
-        logits, hidden, node = verified.logits, verified.hidden, None
-    else:  # the tree's window, reduced to the accepted path (a chain's shapes from here on)
-        done = tree.verify_accept_commit(
-            s, params, state, c.pending, drafts, q, active, step_draws.fold(ACCEPT)
-        )
-        drafts, accepted, token, n, state, logits, hidden, node = done
+    verified = stages.verify(s, params, state, c.pending, drafts, active, m)
+    accept_draws = step_draws.fold(ACCEPT)
+    node, token = stages.accept(s, accept_draws, verified.logits, c.pending, drafts, q, m)
+    accepted = stages.depth(s, node)
+    n = jnp.where(active, accepted + 1, 0)
+    state = stages.commit(s, state, verified, node, n)
+    # from here on, the accepted path's rows: a chain's shapes
+    drafts = stages.path_drafts(s, node, c.pending, drafts)
+    logits = stages.along_path(s, node, verified.logits)
+    hidden = stages.along_path(s, node, verified.hidden)
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
     logp = c.logp
     if s.logprobs:
@@ -208,7 +207,7 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
         step=c.step + 1,
         draws=c.draws,
         logp=logp,
-        node=c.node if node is None else jnp.where(active, node, -1),
+        node=jnp.where(active, node, -1),
         limits=c.limits,
         policy=c.policy
         if m is None

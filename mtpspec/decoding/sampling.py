@@ -259,7 +259,8 @@ def speculative_accept(
     residual: bool = True,
     drafted=None,
 ):
-    """Lossless rejection sampling (Leviathan et al. 2023; Chen et al. 2023).
+    """Lossless rejection sampling of a chain (Leviathan et al. 2023; Chen et al. 2023): the
+    chain's window (the tree of ones) through ``tree_speculative_accept``.
 
     Draft d_i is accepted with probability min(1, p_i(d_i) / q_i(d_i)) (as u·q < p, no division);
     a = number of leading acceptances. At the first rejection the new token is drawn from
@@ -272,26 +273,16 @@ def speculative_accept(
     first ``drafted`` positions (the rest are ignored); a row that accepts all of them draws its
     bonus from p at that row.
     """
+    from mtpspec.models.tree import TreeShape
+
     b, k = drafts.shape
     keys = key if key.ndim == 1 else jax.random.split(key, b)
-    p = jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))  # [b, k + 1, V]
-    p_d = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]
-    q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-    split = jax.vmap(jax.random.split)(keys)
-    u = jax.vmap(lambda kk: jax.random.uniform(kk, (k,)))(split[:, 0])
-    accept = (u * q_d < p_d).astype(jnp.int32)
-    if drafted is not None:  # positions past a row's own drafts are never accepted
-        accept = accept * (jnp.arange(k)[None, :] < drafted[:, None]).astype(jnp.int32)
-    a = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
-    q_pad = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)  # q_k = 0: bonus draws from p_k
-    p_a = jnp.take_along_axis(p, a[:, None, None], axis=1)[:, 0]
-    q_a = jnp.take_along_axis(q_pad, a[:, None, None], axis=1)[:, 0]
-    if drafted is not None:  # all of a row's drafts accepted: its bonus draws from p_a
-        q_a = jnp.where((a >= drafted)[:, None], 0.0, q_a)
-    r = jnp.maximum(p_a - q_a, 0.0) if residual else p_a
-    r = jnp.where(jnp.sum(r, axis=-1, keepdims=True) > 0, r, p_a)  # p == q exactly: never rejected
-    token = _categorical_rows(split[:, 1], jnp.log(r))
-    return a, token
+    tokens = jnp.concatenate([jnp.zeros_like(drafts[:, :1]), drafts], axis=1)  # root unused
+    node, token = tree_speculative_accept(
+        keys, logits, tokens, q, TreeShape.chain(k), temperature, top_k, top_p, min_p,
+        residual=residual, drafted=drafted,
+    )  # fmt: skip
+    return node, token  # a chain's accepted row is its count of accepted drafts
 
 
 def draft_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p=0.0) -> jax.Array:
@@ -305,19 +296,22 @@ def sample_rows(keys, logp) -> jax.Array:
 
 
 def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0, top_p=1.0,
-                            min_p=0.0, *, residual: bool = True):  # fmt: skip
-    """Lossless multi-candidate verification of a draft tree (SpecInfer's multi-step speculative
-    sampling; Miao et al. 2024, also Sequoia): walking down from the root, the children of the
-    current node are tried in turn; child x, drawn from q_x, is accepted with probability
-    min(1, r(x) / q_x(x)), where r starts as the target's p at the node and after each
-    rejection becomes normalize(max(0, r − q_x)). An accepted child becomes the current node;
-    when all are rejected the new token is drawn from r; at a leaf, from p there (the bonus).
-    Lossless when siblings are drawn i.i.d. from one q (a sampled MTP tree) or are distinct
-    deterministic candidates with q_x one-hot on x (n-gram continuations).
+                            min_p=0.0, *, residual: bool = True, drafted=None):  # fmt: skip
+    """Lossless multi-candidate verification of a draft window, chain or tree (SpecInfer's
+    multi-step speculative sampling; Miao et al. 2024, also Sequoia): walking down from the
+    root, the children of the current node are tried in turn; child x, drawn from q_x, is
+    accepted with probability min(1, r(x) / q_x(x)), where r starts as the target's p at the
+    node and after each rejection becomes normalize(max(0, r − q_x)). An accepted child becomes
+    the current node; when all are rejected the new token is drawn from r; at a leaf, from p
+    there (the bonus). Lossless when siblings are drawn i.i.d. from one q (a sampled MTP tree)
+    or are distinct deterministic candidates with q_x one-hot on x (n-gram continuations). A
+    chain (every node one child) is Leviathan et al.'s rule.
 
-    logits [b, R, V] (target, every tree row), tokens [b, R] (row 0 the root), q [b, R, V] (the
-    distribution each row's token was drawn from; the root's unused), ``tree`` a TreeShape,
-    ``keys`` one per row. Returns (node [b], n = depth + 1 [b], new token [b]).
+    logits [b, R, V] (target, every window row), tokens [b, R] (row 0 the root), q [b, R − 1, V]
+    (the distribution each draft row's token was drawn from, rows 1..), ``tree`` a TreeShape,
+    ``keys`` one per row. ``drafted`` [b] (None: every depth): a sequence drafted only depths
+    1..drafted; past them it stops at its node and draws the bonus from p there. Returns
+    (node [b] the accepted row, new token [b]); the accepted drafts are ``tree.row_depth[node]``.
     ``residual=False`` keeps r = p after a rejection: a deliberately WRONG rule, kept only as
     the statistical test's negative control."""
     b = logits.shape[0]
@@ -333,13 +327,14 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
         return jax.vmap(lambda k: jax.random.uniform(fold(fold(k, depth), j)))(keys)
 
     for depth, branching in enumerate(tree.branching):
+        walking = alive if drafted is None else alive & (depth < drafted)
         r = p[rows, cur]  # [b, V]
         nxt, found = cur, jnp.zeros((b,), bool)
         for j in range(branching):
             child = first_child[cur] + j
-            x, qd = tokens[rows, child], q[rows, child]
+            x, qd = tokens[rows, child], q[rows, child - 1]
             u = uniform(depth, j)
-            trying = alive & ~found
+            trying = walking & ~found
             ok = trying & (u * qd[rows, x] < r[rows, x])
             nxt = jnp.where(ok, child, nxt)
             if residual:
@@ -348,10 +343,11 @@ def tree_speculative_accept(keys, logits, tokens, q, tree, temperature, top_k=0,
                 left = jnp.where(total > 0, left / jnp.where(total > 0, total, 1.0), r)
                 r = jnp.where((trying & ~ok)[:, None], left, r)
             found = found | ok
-        stop_dist = jnp.where((alive & ~found)[:, None], r, stop_dist)
-        alive = alive & found
+        rejected = walking & ~found
+        stop_dist = jnp.where(rejected[:, None], r, stop_dist)
+        alive = alive & ~rejected  # a row past its drafts stays alive at its node (the bonus)
         cur = nxt
     final = jnp.where(alive[:, None], p[rows, cur], stop_dist)
     final_keys = jax.vmap(lambda k: jax.random.fold_in(k, tree.depth))(keys)
     token = _categorical_rows(final_keys, jnp.log(final))
-    return cur, jnp.asarray(tree.row_depth)[cur] + 1, token
+    return cur, token

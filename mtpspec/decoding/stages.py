@@ -1,11 +1,13 @@
 """The stages of one verify step, each a pure function of arrays (jit-traceable, static shapes).
 
-    propose   the proposer's k drafts (``proposers``)
-    verify    one target forward over the window [pending, d_1..d_k]: k + 1 logits, hidden states,
-              the state after the whole window and the per-layer commit data
-    accept    a = accepted drafts (greedy: longest prefix equal to the target's argmax; sampling:
-              lossless rejection sampling) and the new token (correction, or bonus when a = k)
-    commit    the state holding exactly the first n = a + 1 window positions
+    propose   the proposer's drafts: the rows of the window after the pending token (``proposers``)
+    verify    one target forward over the window (``window``: a chain [pending, d_1..d_k] or a
+              tree): a logit row per window row, hidden states, the state after the window and
+              the per-layer commit data
+    accept    the accepted row (greedy: the deepest whose path equals the target's argmax;
+              sampling: lossless rejection sampling) and the new token (correction, or bonus);
+              a = its depth drafts accepted
+    commit    the state holding exactly the accepted path, n = a + 1 positions
     emit      write d_1..d_a and the new token to the output, apply EOS / max_new_tokens
     update    the proposer folds in what was accepted (``proposers``)
 
@@ -19,31 +21,40 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from mtpspec.decoding import adaptive
+from mtpspec.decoding import adaptive, window
 from mtpspec.decoding.commit import commit_window
+from mtpspec.decoding.sampling import tree_speculative_accept
+from mtpspec.kernels import cpu_gdn
 from mtpspec.models.decoder import StepOutput, window_step_impl
 from mtpspec.models.state import DecodeState
+from mtpspec.models.tree import window_step_tree_impl
 
 RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
 STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
 
 
 def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> StepOutput:
-    """Fold [pending, d_1..d_k] into ``state`` (finished sequences: nothing) in one forward.
-    ``m`` [b] (adaptive programs): each row's drafts in the window; the window runs at
-    1 + max(m) rows (``adaptive.switch_window``) and its outputs are padded to k + 1 rows."""
-    window = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, k + 1]
+    """Fold the window [pending, drafts] into ``state`` (finished sequences: nothing) in one
+    forward. A chain runs the causal window (its GDN form ``s.verify_method``: the C++ kernel,
+    chunked or recurrent); a tree runs every node over its own path (``models.tree``; keys at
+    slots L + row, lengths as before). ``m`` [b] (adaptive chains): each row's drafts; the
+    window runs at 1 + max(m) rows (``adaptive.switch_window``), its outputs padded to k + 1."""
+    tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
+    w = window.window(s)
+    if w is not None and not w.is_chain:
+        native = s.verify_method == "ffi" and cpu_gdn.TREE_KERNEL.available()
+        return window_step_tree_impl(s.config, params, state, tokens, w, active, native)
     keep_states = s.commit == "states"
     if m is None:
         valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
         return window_step_impl(
-            s.config, params, state, window, valid, s.verify_method, keep_states
+            s.config, params, state, tokens, valid, s.verify_method, keep_states
         )
     valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
 
-    def run_window(t, window, valid, state):
+    def run_window(t, tokens, valid, state):
         out = window_step_impl(
-            s.config, params, state, window[:, :t], valid, s.verify_method, keep_states
+            s.config, params, state, tokens[:, :t], valid, s.verify_method, keep_states
         )
         rows = s.k + 1
         return out._replace(
@@ -52,29 +63,61 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
             commit=adaptive.pad_rows(out.commit, rows),
         )
 
-    return adaptive.switch_window(1 + jnp.max(m), run_window, s.k, window, valid, state)
+    return adaptive.switch_window(1 + jnp.max(m), run_window, s.k, tokens, valid, state)
 
 
-def accept(s, draws, logits, drafts, q, m=None) -> tuple[jax.Array, jax.Array]:
-    """(a [b] accepted drafts, new token [b]) from the window's logits [b, k + 1, V]. ``m`` [b]
-    (adaptive programs): only the first m drafts of a row were drafted; a ≤ m, and a row that
-    accepts all m takes its bonus token from row m."""
-    if s.k and not s.sampling.greedy:  # lossless rejection sampling
-        return s.sampling.accept(draws, logits, drafts, q, m)
-    target = s.sampling.select(logits, draws)  # [b, k + 1] (plain sampling when k = 0)
-    same = (drafts == target[:, : s.k]).astype(jnp.int32)
-    accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
-    if m is not None:
-        accepted = jnp.minimum(accepted, m)
-    return accepted, jnp.take_along_axis(target, accepted[:, None], axis=1)[:, 0]
+def accept(s, draws, logits, pending, drafts, q, m=None) -> tuple[jax.Array, jax.Array]:
+    """(node [b] the accepted window row, new token [b]) from the window's logits [b, R, V]:
+    greedy, the deepest row whose path matches the target's argmax (``window.accept_greedy``);
+    sampling, lossless rejection sampling down the window (``sampling.tree_speculative_accept``)
+    with the drafts' q [b, R − 1, V]. The accepted drafts are the node's depth (a chain's node is
+    its count). ``m`` [b] (adaptive chains): a row drafted only its first m; it accepts at most
+    those, and one that accepts all takes its bonus token at row m."""
+    w = window.window(s)
+    if w is None:  # plain decoding: the next token at the pending row
+        return jnp.zeros_like(pending), s.sampling.select(logits[:, 0], draws)
+    tokens = jnp.concatenate([pending[:, None], drafts], axis=1)
+    if s.sampling.greedy:
+        return window.accept_greedy(w, logits, tokens, m)
+    return tree_speculative_accept(draws.keys, logits, tokens, q, w, *draws.knobs, drafted=m)
 
 
-def commit(s, snapshot: DecodeState, verified: StepOutput, n) -> DecodeState:
-    """The target state after exactly the first ``n`` [b] window positions."""
-    if not s.k:  # plain decoding: the window is exactly the accepted prefix
+def commit(s, snapshot: DecodeState, verified: StepOutput, node, n) -> DecodeState:
+    """The target state after exactly the path root..``node`` [b] of the window, ``n`` [b]
+    positions (0: none, an inactive sequence): a chain's first n rows in place, a tree's path
+    gathered (``commit.commit_window``)."""
+    w = window.window(s)
+    if w is None:  # plain decoding: the window is exactly the accepted prefix
         return verified.state
     native = s.verify_method == "ffi"  # the window's GDN ran the C++ kernel: so does "replay"
-    return commit_window(snapshot, verified.state, verified.commit, n, s.commit, native)
+    rows = window.kept_rows(w, node)
+    return commit_window(snapshot, verified.state, verified.commit, n, s.commit, native, rows)
+
+
+def depth(s, node) -> jax.Array:
+    """[b] drafts accepted: the depth of each accepted row (a chain's row is its depth)."""
+    w = window.window(s)
+    if w is None or w.is_chain:
+        return node
+    return jnp.asarray(w.row_depth)[node]
+
+
+def path_drafts(s, node, pending, drafts) -> jax.Array:
+    """[b, d] the drafts on each accepted node's path (a chain's as they are)."""
+    w = window.window(s)
+    if w is None or w.is_chain:
+        return drafts
+    tokens = jnp.concatenate([pending[:, None], drafts], axis=1)
+    return window.along(tokens, window.path_rows(w, node))[:, 1:]
+
+
+def along_path(s, node, x):
+    """x [b, R, ...] (a window row each) -> [b, depth + 1, ...] along each accepted node's path
+    (a chain's rows as they are)."""
+    w = window.window(s)
+    if w is None or w.is_chain:
+        return x
+    return window.along(x, window.path_rows(w, node))
 
 
 class Emitted(NamedTuple):
@@ -119,8 +162,9 @@ def emit(s, out, count, stop, drafts, accepted, token, n, max_new, eos) -> Emitt
 
 
 def window_rows(s) -> int:
-    """KV slots one verify window writes: k + 1 for a chain, every node of a tree."""
-    return s.k + 1 if s.tree is None else s.tree.rows
+    """KV slots one verify window writes: every row (k + 1 for a chain)."""
+    w = window.window(s)
+    return 1 if w is None else w.rows
 
 
 def check_capacity(s, lengths, stop):

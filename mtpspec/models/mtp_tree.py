@@ -71,14 +71,14 @@ def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, sele
     ``select(logits [b, n, V], b_i, depth) -> (ids [b, n, b_i], q [b, n, b_i, V or 0])`` picks
     each node's children and the law each was drawn from (``greedy_select``: the top b_i, no q;
     sampling: b_i i.i.d. draws, ``decoding.proposers.mtp.sampled_children``). Returns (drafts
-    of rows 1..R−1 [b, R − 1] in ``tree``'s breadth-first order, q [b, R, V or 0]: the law
-    each row's token was drawn from, zeros at the root)."""
+    of rows 1..R−1 [b, R − 1] in ``tree``'s breadth-first order, q [b, R − 1, V or 0]: the law
+    each of those rows' token was drawn from)."""
     from mtpspec.models.decoder import lm_logits
 
     b = h.shape[0]
     ids, q = select(lm_logits(config, params, h), tree.branching[0], 0)
     levels = [ids.reshape(b, -1)]
-    qs = [jnp.zeros((b, 1, q.shape[-1]), jnp.float32), per_child(q)]
+    qs = [per_child(q)]
     hid, own = h, None
     for i in range(1, tree.depth):
         nodes = levels[-1]  # [b, n_i]

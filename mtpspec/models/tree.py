@@ -15,7 +15,7 @@ the root to it; the window must give each node exactly what a chain over its pat
 
 ``window_step_tree_impl`` returns the logits and hidden of every node, the state with the window's
 keys written (lengths unchanged) and per layer the commit data (``GDNCommit`` with per-node
-states and path-cumulative decays), from which ``decoding.tree.commit_path`` builds the state of
+states and path-cumulative decays), from which ``decoding.commit.commit_window`` builds the state of
 any node's path exactly.
 """
 
@@ -45,7 +45,11 @@ MAX_ROWS = 128
 @dataclasses.dataclass(frozen=True)
 class TreeShape:
     """A static draft tree: ``branching`` (b_1, ..., b_d), every b_i >= 1. Hashable (part of a
-    compiled program's key); the index tables are NumPy, built once."""
+    compiled program's key); the index tables are NumPy, built once.
+
+    It is the one description of a verify window (``Window``): its rows, each row's position
+    (``row_depth``), parent and the rows it sees (``ancestor_mask``). A chain of k drafts is the
+    tree of k ones (``TreeShape.chain(k)``); verify, accept and commit take either."""
 
     branching: tuple[int, ...]
 
@@ -62,6 +66,17 @@ class TreeShape:
                 f"tree {b} has {rows} rows (root included); at most {MAX_ROWS} are supported "
                 "(every row is a verify-window token and keeps its own GDN states)"
             )
+
+    @classmethod
+    def chain(cls, k: int) -> TreeShape:
+        """The window of a chain of ``k`` >= 1 drafts: a tree whose branching is all ones."""
+        return cls((1,) * k)
+
+    @property
+    def is_chain(self) -> bool:
+        """Every node has one child: row r is the chain's position r, its path rows 0..r (the
+        chain's fast forms apply: causal windows, the C++ window kernels, the in-place commit)."""
+        return all(b == 1 for b in self.branching)
 
     @property
     def depth(self) -> int:
@@ -148,6 +163,9 @@ class TreeShape:
                 else:  # before the root: the old window, whose last row is index width − 2
                     taps[r, i] = (width - 1) - (back - dep)
         return taps
+
+
+Window = TreeShape  # the verify window's description: a chain is the tree of ones
 
 
 def check_tree(tree) -> TreeShape:

@@ -47,12 +47,12 @@ class Prefilled(NamedTuple):
 
 
 class Proposal(NamedTuple):
-    """k drafts per sequence and what verification needs of them. With a tree (``s.tree``,
-    R rows): drafts [b, R − 1] for rows 1.. in breadth-first order and q [b, R, V or 0] with a
-    row per window row (the root's unused)."""
+    """The draft rows of the verify window (``decoding.window``: rows 1..R − 1 after the pending
+    token; a chain's k drafts in order, a tree's nodes breadth first) and what verification needs
+    of them."""
 
-    drafts: jax.Array  # [b, k] int32 (any valid ids for inactive sequences)
-    q: jax.Array  # [b, k, V]: the distribution each draft was drawn from; [b, k, 0] when greedy
+    drafts: jax.Array  # [b, R − 1] int32 (any valid ids for inactive sequences)
+    q: jax.Array  # [b, R − 1, V]: the law each draft was drawn from; [b, R − 1, 0] when greedy
     scratch: Any = None  # handed to ``update`` in the same step (not carried across steps)
     # the decode state to verify from when drafting wrote into its caches (None: the step's own).
     # Only slots past the committed lengths may differ (never read; the next write there replaces
@@ -86,7 +86,7 @@ class Committed(NamedTuple):
     hidden: jax.Array  # [b, k + 1, H] target final-normed hidden of every window row
     emitted: jax.Array  # [b, k + 1] the token after each row: d_1..d_a, then the new token
     n: jax.Array  # [b] int32 rows kept (a + 1; 0 for finished sequences)
-    node: jax.Array | None = None  # [b] the accepted tree row (tree speculation), else None
+    node: jax.Array | None = None  # [b] the accepted window row (a chain's: its accepted count)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ Its decode state holds every emitted token but the pending one, like the target'
 runs k + 1 one-token steps over [pending, d_1..d_k] (so that an all-accepted window is folded in
 too) and hands their commit data to ``update``, which commits the draft state to the accepted
 prefix with the same strategy as the target (``commit_window``). With a tree it drafts depth by
-depth through its own tree windows and commits the accepted path (``decoding.tree``).
+depth through its own tree windows and commits the accepted path (``decoding.commit``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import jax.numpy as jnp
 
 from mtpspec import sharding
 from mtpspec.config import ModelConfig
+from mtpspec.decoding import window
 from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
 from mtpspec.decoding.proposers.mtp import sampled_children
-from mtpspec.decoding.tree import commit_path
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.inference import check_finite_once
 from mtpspec.models.mtp_tree import greedy_select, per_child
@@ -126,7 +126,9 @@ class DraftModelProposer(Proposer):
         shape = s.tree
         b = pending.shape[0]
         tokens = jnp.zeros((b, shape.rows), jnp.int32).at[:, 0].set(pending)
-        q = jnp.zeros((b, shape.rows, 0 if s.sampling.greedy else self.config.vocab_size))
+        q = jnp.zeros(
+            (b, shape.rows, 0 if s.sampling.greedy else self.config.vocab_size)
+        )  # row 0 unused
         select = greedy_select if s.sampling.greedy else sampled_children(key)
         for i, (lo, hi) in enumerate(shape.levels[:-1]):
             out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
@@ -135,14 +137,12 @@ class DraftModelProposer(Proposer):
             tokens = tokens.at[:, nxt_lo:nxt_hi].set(ids.reshape(b, -1))
             q = q.at[:, nxt_lo:nxt_hi].set(per_child(q_i))
         out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
-        return Proposal(tokens[:, 1:], q, scratch=(out.state, out.commit))
+        return Proposal(tokens[:, 1:], q[:, 1:], scratch=(out.state, out.commit))
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         after, commits = scratch
-        if s.tree is not None:  # the accepted path of the draft's own tree window
-            state = commit_path(pstate, after, commits, done.node, done.n, s.tree, s.commit)
-            return state, done.state
-        return commit_window(pstate, after, commits, done.n, s.commit), done.state
+        rows = window.kept_rows(window.window(s), done.node)  # the path of a tree's node
+        return commit_window(pstate, after, commits, done.n, s.commit, rows=rows), done.state
 
     def constrain(self, s, pstate, mesh):
         return sharding.constrain_state(self.config, pstate, mesh)

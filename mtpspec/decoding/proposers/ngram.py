@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
+from mtpspec.decoding.window import window
+from mtpspec.models.tree import TreeShape
 
 
 def match_ends(hist, hist_len, n_min: int, n_max: int) -> jax.Array:
@@ -42,27 +44,21 @@ def ngram_propose(
     n_max: int,
 ) -> jax.Array:  # [b, k] int32
     """Find the latest earlier occurrence of the history's last n tokens (longest n in
-    n_max..n_min first) and propose the k tokens that followed it. Positions past the history and
-    sequences with no match propose the last token (drafts must only be valid ids; a bad draft
-    costs acceptance, never correctness)."""
-    size = hist.shape[1]
-    pos = jnp.arange(size)[None, :]
-    last = hist_len - 1  # index of the pending token
-    ends = match_ends(hist, hist_len, n_min, n_max)
-    best = jnp.max(jnp.where(ends, pos, -1), axis=1).astype(jnp.int32)  # the latest, or -1
-    idx = best[:, None] + 1 + jnp.arange(k)[None, :]
-    fallback = jnp.take_along_axis(hist, last[:, None], 1)
-    ok = (best[:, None] >= 0) & (idx <= last[:, None])
-    drafts = jnp.take_along_axis(hist, jnp.clip(idx, 0, size - 1), 1)
-    return jnp.where(ok, drafts, fallback).astype(jnp.int32)
+    n_max..n_min first) and propose the k tokens that followed it: ``ngram_tree_propose`` on the
+    chain's window (along one branch, the latest occurrence whose continuation matches so far
+    is the latest occurrence). Positions past the history and sequences with no match propose
+    the last token (drafts must only be valid ids; a bad draft costs acceptance, never
+    correctness)."""
+    return ngram_tree_propose(hist, hist_len, TreeShape.chain(k), n_min, n_max)
 
 
 def ngram_tree_propose(hist, hist_len, tree, n_min: int, n_max: int) -> jax.Array:
-    """Tree drafts [b, R − 1] from the history's own continuations: the children of a node are
-    the distinct tokens that followed its context (the matched suffix, then the node's path) in
-    the history, most recent occurrence first, b_i of them; a node with fewer distinct
-    continuations fills its other children with the history's last (pending) token, which may
-    repeat a sibling (a wasted node costs acceptance, never correctness)."""
+    """Drafts [b, R − 1] of a window ``tree`` (a chain: the tree of ones) from the history's
+    own continuations: the children of a node are the distinct tokens that followed its context
+    (the matched suffix, then the node's path) in the history, most recent occurrence first, b_i
+    of them; a node with fewer distinct continuations fills its other children with the
+    history's last (pending) token, which may repeat a sibling (a wasted node costs acceptance,
+    never correctness)."""
     b, size = hist.shape
     pos = jnp.arange(size)[None, :]
     last = hist_len - 1
@@ -119,16 +115,12 @@ class NgramProposer(Proposer):
         self, s, params, pparams, pstate, state, pending, active, key, budget=None
     ) -> Proposal:
         hist_len = state.lengths + 1
-        if s.tree is not None:
-            drafts = ngram_tree_propose(pstate.hist, hist_len, s.tree, self.n_min, self.n_max)
-        else:
-            drafts = ngram_propose(pstate.hist, hist_len, s.k, self.n_min, self.n_max)
+        w = window(s)
+        drafts = ngram_tree_propose(pstate.hist, hist_len, w, self.n_min, self.n_max)
         if s.sampling.greedy:
             q = jnp.zeros(drafts.shape + (0,), jnp.float32)
         else:  # deterministic drafts: q is one-hot on the draft
             q = jax.nn.one_hot(drafts, s.config.vocab_size, dtype=jnp.float32)
-        if s.tree is not None:  # a tree's q has a row per window row (the root's unused)
-            q = jnp.concatenate([jnp.zeros_like(q[:, :1]), q], axis=1)
         return Proposal(drafts, q)
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
