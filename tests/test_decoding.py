@@ -219,6 +219,36 @@ def test_cpu_decoding_programs_compile_without_split_reductions(moe_model):
     assert count(cached) < count(default) / 2, (count(cached), count(default))
 
 
+def test_prepared_prefill_and_step_are_the_programs_generate_compiles(moe_model):
+    """``Prepared.prefill`` / ``.step`` (notebooks, the tree planner, stepping by hand) compile
+    once each through the program cache and its counter, with decoding's compiler options (no
+    split reductions, as ``generate``'s), and stepping by hand emits ``generate``'s tokens."""
+    from mtpspec.decoding import program
+
+    config, params = moe_model
+    spec = mtpspec.SpecConfig(proposer="mtp", num_draft=2)
+    prompts = [[1, 2, 3], [4, 5]]
+    prep = mtpspec.decoding.prepare(config, params, prompts, max_new_tokens=8, speculative=spec)
+    before = mtpspec.decoding.compile_count()
+    carry = prep.prefill()
+    for _ in range(prep.key.out_size):
+        carry = prep.step(carry)
+    assert mtpspec.decoding.compile_count() - before == 2  # one prefill, one step, cached
+    want = mtpspec.generate(config, params, prompts, max_new_tokens=8, speculative=spec)
+    got = [row[:n] for row, n in zip(np.asarray(carry.out).tolist(), carry.count.tolist())]
+    assert got[: len(prompts)] == want.tokens
+    if jax.default_backend() == "cpu":
+        params_, pparams, _, _, max_new, eos, _, _ = prep.args
+        args = (params_, pparams, max_new, eos, carry)
+        step, compiled_now = program.CACHE.get(prep.key, args, "step")
+        assert not compiled_now
+        default = program.step_jit.lower(prep.key, *args).compile()
+        count = lambda c: c.as_text().count(" reduce-window(")  # noqa: E731
+        assert count(step) < count(default) / 2, (count(step), count(default))
+    with pytest.raises(ValueError, match="unknown program part"):
+        program.CACHE.get(prep.key, prep.args, "loop")
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_capacity_stops_cleanly_with_a_status(moe_model, plain_moe, k):
     config, params = moe_model

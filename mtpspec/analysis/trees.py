@@ -19,7 +19,6 @@ import jax.numpy as jnp
 from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
 from mtpspec.decoding import host, program
-from mtpspec.kernels import cpu_gdn
 from mtpspec.models import decoder
 from mtpspec.models import tree as mtree
 
@@ -37,7 +36,7 @@ def tree_costs(
     prep = decoding.prepare(config, params, [list(prompt)], max_new_tokens=16, linear=linear,
                             capacity=len(prompt) + rows + 16)  # fmt: skip
     tree_params = prep.args[0]
-    state = program.prefill_jit(prep.key, *prep.args).state
+    state = prep.prefill().state
     vocab = config.vocab_size
 
     def job(forward, t):  # one t-row window per iteration, its next input from its output
@@ -53,10 +52,9 @@ def tree_costs(
         valid = jnp.array([t], jnp.int32)
         return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
 
-    def tree(shape):  # with the GDN form decoding runs for it (verify_accept_commit)
+    def tree(shape):  # with the GDN form decoding runs for it (stages.verify)
         active = jnp.array([True])
         native = host.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
-        native = native and cpu_gdn.TREE_KERNEL.available()
         return job(
             lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active, native),
             shape.rows,

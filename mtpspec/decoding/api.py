@@ -54,13 +54,18 @@ class Prepared(NamedTuple):
         return CACHE.get(self.key, self.args)
 
     def prefill(self) -> Carry:
-        """The jitted prefill: the loop carry before the first verify step."""
-        return program.prefill_jit(self.key, *self.args)
+        """The prefill: the loop carry before the first verify step (compiled with the options
+        ``generate`` uses, cached and counted like its programs)."""
+        compiled_prefill, _ = CACHE.get(self.key, self.args, "prefill")
+        return compiled_prefill(*self.args)
 
     def step(self, carry: Carry) -> Carry:
-        """One jitted verify step (exactly the loop's body)."""
+        """One verify step (exactly the loop's body), compiled, cached and counted as
+        ``prefill``."""
         params, pparams, _, _, max_new, eos, _, _ = self.args
-        return program.step_jit(self.key, params, pparams, max_new, eos, carry)
+        args = (params, pparams, max_new, eos, carry)
+        compiled_step, _ = CACHE.get(self.key, args, "step")
+        return compiled_step(*args)
 
 
 def prepare(

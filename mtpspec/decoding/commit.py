@@ -80,12 +80,8 @@ def commit_gdn(
     ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form), which takes ``final`` (the
     state the window ended in, when given) as is for rows that keep the whole window."""
     t = commit.k.shape[1]
-    if (
-        strategy == "replay"
-        and native
-        and t <= cpu_gdn.COMMIT_MAX_T
-        and cpu_gdn.COMMIT_KERNEL.available()
-    ):
+    if strategy == "replay" and native and t <= cpu_gdn.COMMIT_MAX_T:
+        cpu_gdn.COMMIT_KERNEL.require()  # an explicit choice runs or raises (OSError)
         state = cpu_gdn.commit(
             cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n, final=final
         )

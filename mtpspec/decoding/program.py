@@ -232,6 +232,7 @@ def run(s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws, l
 run_jit = compiled.jit(run, static_argnums=0)
 prefill_jit = compiled.jit(prefill, static_argnums=0)
 step_jit = compiled.jit(step, static_argnums=0)
+PARTS = {"run": run_jit, "prefill": prefill_jit, "step": step_jit}  # what ``ProgramCache`` compiles
 
 
 log = logging.getLogger(__name__)
@@ -325,15 +326,20 @@ class ProgramCache:
     def __contains__(self, sig) -> bool:
         return sig in self._entries
 
-    def get(self, s: ProgramKey, args):
-        """(compiled program, compiled now?) for these static settings and arguments."""
-        sig = self.signature(s, args)
+    def get(self, s: ProgramKey, args, part: str = "run"):
+        """(compiled program, compiled now?) for these static settings and arguments. ``part``:
+        "run" (prefill and the whole loop: ``generate``), or "prefill" / "step" (one stage, as
+        ``Prepared.prefill`` / ``.step`` run it, with ``args`` as that function takes them):
+        every part is compiled with the same options, cached and counted here."""
+        if part not in PARTS:
+            raise ValueError(f"unknown program part {part!r}; expected one of {tuple(PARTS)}")
+        sig = self.signature(s, args) if part == "run" else (part, *self.signature(s, args))
         with self._lock:
             if sig in self._entries:
                 self._entries.move_to_end(sig)
                 return self._entries[sig], False
             relieve_map_pressure()
-            program = run_jit.lower(s, *args).compile(compiler_options=compiler_options())
+            program = PARTS[part].lower(s, *args).compile(compiler_options=compiler_options())
             self.compiles += 1
             self._entries[sig] = program
             while len(self._entries) > self.maxsize:

@@ -42,7 +42,9 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
     w = window.window(s)
     if w is not None and not w.is_chain:
-        native = s.verify_method == "ffi" and cpu_gdn.TREE_KERNEL.available()
+        native = s.verify_method == "ffi"  # where a chain's window runs the C++ kernel
+        if native:
+            cpu_gdn.TREE_KERNEL.require()  # an explicit choice runs or raises (OSError)
         return window_step_tree_impl(s.config, params, state, tokens, w, active, native)
     keep_states = s.commit == "states"
     if m is None:

@@ -215,19 +215,18 @@ def mtp_chain_impl(config: ModelConfig, params: dict, hidden, tokens, depth: int
         h = layers.norm(config, m[:, :n].astype(e.dtype), p["norm_hidden"])
         x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
         pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None] + (d - 1), (b, n))
-        q, gate, k, v = layers.attention_inputs(
-            config, layer["attn"], layers.norm(config, x, layer["input_norm"]), pos
-        )
-        if d == 1:
-            ctx = (k, v)
-            o = layers.grouped_attention(q, k, v, pos, pos)
-        else:
-            own = [(ko[:, :n], vo[:, :n]) for ko, vo in own] + [(k, v)]
-            own_k, own_v = (jnp.stack(z, axis=2) for z in zip(*own))
+
+        def mixer(h, d=d, n=n, pos=pos, ctx=ctx, own=own):
+            q, gate, k, v = layers.attention_inputs(config, layer["attn"], h, pos)
+            if d == 1:
+                o = layers.grouped_attention(q, k, v, pos, pos)
+                return layers.attention_output(layer["attn"], o, gate, h.dtype), ((k, v), [])
+            mine = [(ko[:, :n], vo[:, :n]) for ko, vo in own] + [(k, v)]
+            own_k, own_v = (jnp.stack(z, axis=2) for z in zip(*mine))
             o = layers.chain_attention(q, ctx[0][:, :n], ctx[1][:, :n], own_k, own_v)
-        x = x + layers.attention_output(layer["attn"], o, gate, x.dtype).astype(x.dtype)
-        post = layers.norm(config, x, layer["post_norm"])
-        x = x + layers.mlp(config, config.mtp_mlp_type, layer["mlp"], post).astype(x.dtype)
+            return layers.attention_output(layer["attn"], o, gate, h.dtype), (ctx, mine)
+
+        x, (ctx, own) = layers.residual_block(config, config.mtp_mlp_type, layer, x, mixer)
         m = layers.norm(config, x, p["norm"])
         out.append(lm_logits(config, params, m))
     return out

@@ -381,14 +381,26 @@ def decoder_layer(
     gdn_method: str,
     gdn_states: bool = False,
 ):
-    """Pre-norm residual layer. Returns (x, new cache, commit data: ``AttentionCommit`` or
-    ``GDNCommit``)."""
-    h = norm(config, x, p["input_norm"])
-    commit = AttentionCommit()
-    if "attn" in p:
-        mixed, cache = attention(config, p["attn"], h, start, valid, cache)
-    else:
-        mixed, cache, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method, gdn_states)
-    x = x + mixed.astype(x.dtype)
-    x = x + mlp(config, kind[1], p["mlp"], norm(config, x, p["post_norm"])).astype(x.dtype)
+    """Pre-norm residual layer (``residual_block`` with the layer's mixer). Returns (x, new
+    cache, commit data: ``AttentionCommit`` or ``GDNCommit``)."""
+
+    def mixer(h):
+        if "attn" in p:
+            mixed, new = attention(config, p["attn"], h, start, valid, cache)
+            return mixed, (new, AttentionCommit())
+        mixed, new, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method, gdn_states)
+        return mixed, (new, commit)
+
+    x, (cache, commit) = residual_block(config, kind[1], p, x, mixer)
     return x, cache, commit
+
+
+def residual_block(config: ModelConfig, mlp_type: str, p: dict, x: jax.Array, mixer):
+    """The one pre-norm residual block of every decoder layer (the trunk's windows, a tree
+    window, the MTP layer chained or drafting a tree): x + mixer(norm(x)), then
+    x + mlp(norm(x)). ``mixer(h) -> (out [b, t, H], aux)`` is the layer's token mixer (attention
+    or GDN in whichever form); returns (x, aux)."""
+    mixed, aux = mixer(norm(config, x, p["input_norm"]))
+    x = x + mixed.astype(x.dtype)
+    x = x + mlp(config, mlp_type, p["mlp"], norm(config, x, p["post_norm"])).astype(x.dtype)
+    return x, aux

@@ -52,18 +52,18 @@ def _mtp_rows(config, params, state, hidden, tokens, position, own):
     x = layers.linear(jnp.concatenate([e, h], axis=-1), p["fc"]).astype(e.dtype)
     b, n = tokens.shape
     pos = jnp.broadcast_to(position[:, None], (b, n))
-    q, gate, k, v = layers.attention_inputs(
-        config, layer["attn"], layers.norm(config, x, layer["input_norm"]), pos
-    )
-    dtype = state.mtp.k.dtype  # the keys as the chain's cache would hold them
-    k, v = k.astype(dtype), v.astype(dtype)
-    own_k = k[:, :, None] if own is None else jnp.concatenate([own[0], k[:, :, None]], axis=2)
-    own_v = v[:, :, None] if own is None else jnp.concatenate([own[1], v[:, :, None]], axis=2)
-    o = _prefix_and_own_attention(q, state.mtp, state.mtp_lengths, own_k, own_v)
-    x = x + layers.attention_output(layer["attn"], o, gate, x.dtype).astype(x.dtype)
-    post = layers.norm(config, x, layer["post_norm"])
-    x = x + layers.mlp(config, config.mtp_mlp_type, layer["mlp"], post).astype(x.dtype)
-    return layers.norm(config, x, p["norm"]), (own_k, own_v)
+
+    def mixer(h):
+        q, gate, k, v = layers.attention_inputs(config, layer["attn"], h, pos)
+        dtype = state.mtp.k.dtype  # the keys as the chain's cache would hold them
+        k, v = k.astype(dtype), v.astype(dtype)
+        own_k = k[:, :, None] if own is None else jnp.concatenate([own[0], k[:, :, None]], axis=2)
+        own_v = v[:, :, None] if own is None else jnp.concatenate([own[1], v[:, :, None]], axis=2)
+        o = _prefix_and_own_attention(q, state.mtp, state.mtp_lengths, own_k, own_v)
+        return layers.attention_output(layer["attn"], o, gate, h.dtype), (own_k, own_v)
+
+    x, mine = layers.residual_block(config, config.mtp_mlp_type, layer, x, mixer)
+    return layers.norm(config, x, p["norm"]), mine
 
 
 def mtp_tree_drafts(config: ModelConfig, params, state, h, tree: TreeShape, select):

@@ -192,7 +192,8 @@ def tree_attention(config: ModelConfig, p: dict, x, lengths, cache: AttentionCac
     q, gate, k, v = layers.attention_inputs(config, p, x, positions)
     slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [b, R]
     new_cache = layers.write_kv(cache, k, v, slots)
-    if layers.native_attention(p, t) and cpu_attention.TREE_KERNEL.available():
+    if layers.native_attention(p, t):
+        cpu_attention.TREE_KERNEL.require()  # the block's marker chose the C++ kernel: run or raise
         # the C++ kernel: the prefix, then the row's path
         scale = q.shape[-1] ** -0.5
         o = cpu_attention.apply_tree(
@@ -242,15 +243,15 @@ def window_step_tree_impl(
     caches, commits = [], []
     for i, p in enumerate(params["layers"]):
         cache = state.layers[i]
-        h = layers.norm(config, x, p["input_norm"])
-        if "attn" in p:
-            mixed, cache = tree_attention(config, p["attn"], h, state.lengths, cache, tree)
-            commit = AttentionCommit()
-        else:
-            mixed, cache, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
-        x = x + mixed.astype(x.dtype)
-        post = layers.norm(config, x, p["post_norm"])
-        x = x + layers.mlp(config, config.mlp_types[i], p["mlp"], post).astype(x.dtype)
+
+        def mixer(h, p=p, cache=cache):
+            if "attn" in p:
+                mixed, new = tree_attention(config, p["attn"], h, state.lengths, cache, tree)
+                return mixed, (new, AttentionCommit())
+            mixed, new, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
+            return mixed, (new, commit)
+
+        x, (cache, commit) = layers.residual_block(config, config.mlp_types[i], p, x, mixer)
         caches.append(cache)
         commits.append(commit)
     hidden = layers.norm(config, x, params["final_norm"])
