@@ -8,6 +8,8 @@ Math follows tests/fixtures/HF_NOTES.md; matmuls run at ``Precision.HIGHEST``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -139,6 +141,45 @@ def write_kv(cache: AttentionCache, k: jax.Array, v: jax.Array, slots: jax.Array
     return AttentionCache(new_k, new_v)
 
 
+class Keys(NamedTuple):
+    """One segment of keys and values a query block reads (``segment_attention``): the arrays,
+    their einsum axes (b batch, g KV heads, d head dim, one key axis of its own — s or m — and t
+    where each query row has keys of its own), and which keys each query sees (a mask that
+    broadcasts to the scores [b, g, r, t, keys]; None: all)."""
+
+    k: jax.Array
+    v: jax.Array
+    k_axes: str  # e.g. "bgsd" (a cache), "bsgd" (a window's rows), "btmgd" (each row's own)
+    v_axes: str  # e.g. "bgds" (a transposed cache: the p·v product reads it in place)
+    visible: jax.Array | None = None
+
+
+def segment_attention(q: jax.Array, segments: list[Keys]) -> jax.Array:
+    """GQA attention of q [b, t, hq, d] over key segments, one softmax over all of them, in
+    float32 at HIGHEST precision: the one form of "a cache prefix plus the window's own keys"
+    (``step_attention``), "the first depth's keys plus a chain's own" (``chain_attention``) and
+    "the MTP cache plus a tree node's ancestors" (``models.mtp_tree``); each caller builds its
+    masks. Returns [b, t, hq, d] float32."""
+    b, t, hq, d = q.shape
+    f32 = jnp.float32
+    g = segments[0].k.shape[segments[0].k_axes.index("g")]
+    qg = q.astype(f32).reshape(b, t, g, hq // g, d) * (d**-0.5)
+    scores, axes = [], []
+    for seg in segments:
+        (ax,) = set(seg.k_axes) - set("btgd")  # the segment's own key axis
+        sc = jnp.einsum(f"btgrd,{seg.k_axes}->bgrt{ax}", qg, seg.k.astype(f32), precision=HIGHEST)
+        scores.append(sc if seg.visible is None else jnp.where(seg.visible, sc, -jnp.inf))
+        axes.append(ax)
+    probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
+    o, start = None, 0
+    for seg, sc, ax in zip(segments, scores, axes, strict=True):
+        p = probs[..., start : start + sc.shape[-1]]
+        start += sc.shape[-1]
+        part = jnp.einsum(f"bgrt{ax},{seg.v_axes}->btgrd", p, seg.v.astype(f32), precision=HIGHEST)
+        o = part if o is None else o + part
+    return o.reshape(b, t, hq, d)
+
+
 def step_attention(
     q: jax.Array,  # [b, t, hq, d] queries at positions start .. start + t - 1
     k_cache: jax.Array,  # [b, g, n, d] the cache before this window (rows >= start are stale)
@@ -150,20 +191,16 @@ def step_attention(
     """``cached_attention`` read beside the cache write instead of after it: over the committed
     prefix (the cache *before* the write) and the window's own keys, one softmax over both (the
     same keys). The form for one-token steps (see ``attention``)."""
-    b, t, hq, d = q.shape
-    g, n = k_cache.shape[1], k_cache.shape[2]
-    qg = q.astype(jnp.float32).reshape(b, t, g, hq // g, d) * (d**-0.5)
-    f32 = jnp.float32
-    s_old = jnp.einsum("btgrd,bgsd->bgrts", qg, k_cache.astype(f32), precision=HIGHEST)
-    s_new = jnp.einsum("btgrd,bsgd->bgrts", qg, k_new.astype(f32), precision=HIGHEST)
+    t, n = q.shape[1], k_cache.shape[2]
     committed = jnp.arange(n)[None, :] < start[:, None]  # [b, n]
     causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [t (query), t (key)]
-    s_old = jnp.where(committed[:, None, None, None, :], s_old, -jnp.inf)
-    s_new = jnp.where(causal, s_new, -jnp.inf)
-    probs = jax.nn.softmax(jnp.concatenate([s_old, s_new], axis=-1), axis=-1)
-    o = jnp.einsum("bgrts,bgds->btgrd", probs[..., :n], v_cache.astype(f32), precision=HIGHEST)
-    o = o + jnp.einsum("bgrts,bsgd->btgrd", probs[..., n:], v_new.astype(f32), precision=HIGHEST)
-    return o.reshape(b, t, hq, d)
+    return segment_attention(
+        q,
+        [
+            Keys(k_cache, v_cache, "bgsd", "bgds", committed[:, None, None, None, :]),
+            Keys(k_new, v_new, "bsgd", "bsgd", causal),
+        ],
+    )
 
 
 def native_attention(p: dict, t: int) -> bool:
@@ -247,18 +284,11 @@ def chain_attention(
     keys of rows 0..i (what the MTP cache holds when draft 1 is made from row i) and the keys its
     own chain wrote at the later depths (row i's alone) — one softmax over both, as the cached
     draft step computes it."""
-    b, t, hq, d = q.shape
-    g = ctx_k.shape[2]
-    f32 = jnp.float32
-    qg = q.astype(f32).reshape(b, t, g, hq // g, d) * (d**-0.5)
-    s_ctx = jnp.einsum("btgrd,bsgd->bgrts", qg, ctx_k.astype(f32), precision=HIGHEST)
+    t = q.shape[1]
     causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [t (query), t (key)]
-    s_ctx = jnp.where(causal, s_ctx, -jnp.inf)
-    s_own = jnp.einsum("btgrd,btmgd->bgrtm", qg, own_k.astype(f32), precision=HIGHEST)
-    probs = jax.nn.softmax(jnp.concatenate([s_ctx, s_own], axis=-1), axis=-1)
-    o = jnp.einsum("bgrts,bsgd->btgrd", probs[..., :t], ctx_v.astype(f32), precision=HIGHEST)
-    o = o + jnp.einsum("bgrtm,btmgd->btgrd", probs[..., t:], own_v.astype(f32), precision=HIGHEST)
-    return o.reshape(b, t, hq, d)
+    return segment_attention(
+        q, [Keys(ctx_k, ctx_v, "bsgd", "bsgd", causal), Keys(own_k, own_v, "btmgd", "btmgd")]
+    )
 
 
 # ---- gated delta net ----------------------------------------------------------------------------

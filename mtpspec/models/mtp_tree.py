@@ -18,27 +18,18 @@ from mtpspec.config import ModelConfig
 from mtpspec.models import layers
 from mtpspec.models.tree import TreeShape
 
-HIGHEST = jax.lax.Precision.HIGHEST
-
 
 def _prefix_and_own_attention(q, cache, length, own_k, own_v):
     """q [b, n, hq, d] over the cache's slots < ``length`` [b] and each row's own keys
     own_k / own_v [b, n, m, g, d] (its ancestors' rows and itself), one softmax."""
-    b, n, hq, d = q.shape
-    g = cache.k.shape[1]
-    f32 = jnp.float32
-    qg = q.astype(f32).reshape(b, n, g, hq // g, d) * (d**-0.5)
-    s_old = jnp.einsum("btgrd,bgsd->bgrts", qg, cache.k.astype(f32), precision=HIGHEST)
     live = jnp.arange(cache.k.shape[2])[None, :] < length[:, None]  # [b, slots]
-    s_old = jnp.where(live[:, None, None, None, :], s_old, -jnp.inf)
-    s_own = jnp.einsum("btgrd,btmgd->bgrtm", qg, own_k.astype(f32), precision=HIGHEST)
-    probs = jax.nn.softmax(jnp.concatenate([s_old, s_own], axis=-1), axis=-1)
-    slots = cache.k.shape[2]
-    o = jnp.einsum("bgrts,bgds->btgrd", probs[..., :slots], cache.v.astype(f32), precision=HIGHEST)
-    o = o + jnp.einsum(
-        "bgrtm,btmgd->btgrd", probs[..., slots:], own_v.astype(f32), precision=HIGHEST
+    return layers.segment_attention(
+        q,
+        [
+            layers.Keys(cache.k, cache.v, "bgsd", "bgds", live[:, None, None, None, :]),
+            layers.Keys(own_k, own_v, "btmgd", "btmgd"),
+        ],
     )
-    return o.reshape(b, n, hq, d)
 
 
 def _mtp_rows(config, params, state, hidden, tokens, position, own):
