@@ -95,13 +95,13 @@ def _target_jobs(prep, k, commits, iters, res) -> dict[str, Callable[[], None]]:
         res[f"commit_data_bytes_{strategy}"] = tree_bytes(verified.commit)
 
         def commit_body(v, c, sk=sk):
-            return _pin(stages.commit(sk, c, v, n), c)
+            return _pin(stages.commit(sk, c, v, n - 1, n), c)  # a chain: row n − 1
 
         jobs[f"commit_{strategy}"] = loop_job(commit_body, verified, state, iters=iters)
 
         def verify_commit(prm, st, t, n, sk=sk):
             v = stages.verify(sk, prm, st, t[:, 0], t[:, 1:], active)
-            return v.logits, stages.commit(sk, st, v, n)
+            return v.logits, stages.commit(sk, st, v, n - 1, n)
 
         mem = jax.jit(verify_commit).lower(params, state, window, n).compile().memory_analysis()
         res[f"step_temp_bytes_{strategy}"] = None if mem is None else int(mem.temp_size_in_bytes)
