@@ -150,11 +150,12 @@ def test_self_checks_flag_the_impossible_run_and_pass_a_physical_one():
 def test_machine_load_reads_a_share_of_the_cpu():
     """A child process spinning for 0.5 s is another process's CPU time: it shows in
     ``MachineLoad.other`` (at least a third of one core's share of the wall time), which stays
-    within [-0.1, 1] (tick counters)."""
+    within [-0.1, 1.1]: tick counters are good to a few ticks either way (a fresh-clone run
+    read 1.008 on 2026-12-06, a tick over a fully busy half second on 2 cores)."""
     spin = "import time\nt = time.time()\nwhile time.time() - t < 0.5: pass"
     with analysis.MachineLoad() as load:
         subprocess.run([sys.executable, "-c", spin], check=True)
-    assert -0.1 <= load.other <= 1.0
+    assert -0.1 <= load.other <= 1.1
     assert load.other > 1 / 3 / (os.cpu_count() or 1), load.other
 
 
