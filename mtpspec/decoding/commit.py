@@ -103,8 +103,8 @@ def path_commit(data: GDNCommit, rows) -> GDNCommit:
     """A GDN layer's commit data restricted to window rows ``rows`` [b, m] (a tree node's path):
     along a path, keys, values, decays and updates are exactly a chain window's."""
     aux = data.aux
-    states = None if aux.states is None else window.along(aux.states, rows)
     along = lambda x: window.along(x, rows)  # noqa: E731
+    states = None if aux.states is None else along(aux.states)
     return GDNCommit(
         along(data.conv_in),
         along(data.k),

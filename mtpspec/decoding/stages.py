@@ -106,20 +106,17 @@ def depth(s, node) -> jax.Array:
 
 def path_drafts(s, node, pending, drafts) -> jax.Array:
     """[b, d] the drafts on each accepted node's path (a chain's as they are)."""
-    w = window.window(s)
-    if w is None or w.is_chain:
+    rows = window.kept_rows(window.window(s), node)
+    if rows is None:
         return drafts
-    tokens = jnp.concatenate([pending[:, None], drafts], axis=1)
-    return window.along(tokens, window.path_rows(w, node))[:, 1:]
+    return window.along(jnp.concatenate([pending[:, None], drafts], axis=1), rows)[:, 1:]
 
 
 def along_path(s, node, x):
     """x [b, R, ...] (a window row each) -> [b, depth + 1, ...] along each accepted node's path
     (a chain's rows as they are)."""
-    w = window.window(s)
-    if w is None or w.is_chain:
-        return x
-    return window.along(x, window.path_rows(w, node))
+    rows = window.kept_rows(window.window(s), node)
+    return x if rows is None else window.along(x, rows)
 
 
 class Emitted(NamedTuple):

@@ -126,9 +126,8 @@ class DraftModelProposer(Proposer):
         shape = s.tree
         b = pending.shape[0]
         tokens = jnp.zeros((b, shape.rows), jnp.int32).at[:, 0].set(pending)
-        q = jnp.zeros(
-            (b, shape.rows, 0 if s.sampling.greedy else self.config.vocab_size)
-        )  # row 0 unused
+        vocab = 0 if s.sampling.greedy else self.config.vocab_size
+        q = jnp.zeros((b, shape.rows, vocab))  # a row per window row (the root's unused)
         select = greedy_select if s.sampling.greedy else sampled_children(key)
         for i, (lo, hi) in enumerate(shape.levels[:-1]):
             out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
