@@ -21,7 +21,7 @@ $(BIN)/python:
 # $(call pip_install,EXTRA): the venv's tools, then jax, then the package with EXTRA ('' or [dev]).
 define pip_install
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
-	$(BIN)/python -m pip install -q 'jax>=0.4.35'
+	$(BIN)/python -m pip install -q 'jax>=0.7.2'
 	$(BIN)/python -m pip install -q --no-build-isolation -e '.$(1)'
 endef
 
@@ -64,7 +64,7 @@ HF_STAMP := $(HF_VENV)/.installed
 $(HF_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(HF_VENV)
 	$(HF_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools>=68' wheel
-	$(HF_VENV)/bin/python -m pip install -q 'torch==2.13.0' 'jax>=0.4.35'
+	$(HF_VENV)/bin/python -m pip install -q 'torch==2.13.0' 'jax>=0.7.2'
 	$(HF_VENV)/bin/python -m pip install -q --no-build-isolation -e '.[dev,hf]'
 	touch $(HF_STAMP)
 

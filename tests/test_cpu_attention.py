@@ -13,7 +13,8 @@ import pytest
 import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models
-from mtpspec.kernels import cpu_attention, cpu_linear
+from mtpspec.kernels import cpu_attention, cpu_linear, settings
+from mtpspec.kernels.settings import KernelSettings
 from mtpspec.models import layers
 from mtpspec.models.inference import AttentionCore, resolve_attention
 from tests.isa_testing import with_isa
@@ -68,9 +69,11 @@ def test_the_helper_thread_changes_no_bit(monkeypatch, t):
     row, its arithmetic is the same."""
     q, k, v, pos = _inputs(10 + t, 2, t, 8, 2, 64, 300)
     got = []
+    f = jax.jit(lambda *a: cpu_attention.apply(*a, 0.125))
     for threads in (1, 2, 3):
-        monkeypatch.setattr(cpu_attention, "THREADS", threads)
-        got.append(np.asarray(jax.jit(lambda *a: cpu_attention.apply(*a, 0.125))(q, k, v, pos)))
+        with settings.use(KernelSettings(attention_threads=threads)):
+            assert f"threads = {threads} : i64" in f.lower(q, k, v, pos).as_text()
+            got.append(np.asarray(f(q, k, v, pos)))
     for o in got[1:]:
         np.testing.assert_array_equal(o, got[0])
 
@@ -237,7 +240,7 @@ def test_a_long_prefill_through_the_kernels_equals_the_forward(model):
     tokens = jax.random.randint(jax.random.key(3), (2, 100), 0, config.vocab_size)
     lengths = jnp.array([100, 37], jnp.int32)
     prepared = decoding.prepare(config, params, tokens.tolist(), max_new_tokens=2)
-    assert prepared.key.prefill_method == "ffi"
+    assert prepared.key.backend.prefill == "ffi"
     assert layers.native_attention({"core": AttentionCore("ffi")}, 100)
     tree = models.inference.MEMO.get(config, params, "ffi", "ffi")
     state = models.init_decode_state(config, 2, 128)
@@ -281,8 +284,8 @@ def test_tree_kernel_equals_the_masked_xla_form(monkeypatch, shape):
     v_bad = jnp.where(jnp.asarray(hidden)[:, None, None, :], jnp.nan, v)
     poisoned = cpu_attention.apply_tree(q, k_bad, v_bad, lengths, tree.ancestor_mask, d**-0.5)
     np.testing.assert_array_equal(poisoned, got)
-    monkeypatch.setattr(cpu_attention, "THREADS", 1)
-    alone = jax.jit(lambda *a: cpu_attention.apply_tree(*a, tree.ancestor_mask, d**-0.5))(
-        q, k, v, lengths
-    )
+    with settings.use(KernelSettings(attention_threads=1)):
+        alone = jax.jit(lambda *a: cpu_attention.apply_tree(*a, tree.ancestor_mask, d**-0.5))(
+            q, k, v, lengths
+        )
     np.testing.assert_array_equal(alone, got)

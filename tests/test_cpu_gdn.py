@@ -12,7 +12,8 @@ import pytest
 import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models, ops
-from mtpspec.kernels import cpu_gdn, cpu_linear
+from mtpspec.kernels import cpu_gdn, cpu_linear, settings
+from mtpspec.kernels.settings import KernelSettings
 from mtpspec.ops.gdn import api as gdn_api
 from tests.gdn_testing import random_gdn_inputs, rel_err
 from tests.isa_testing import with_isa
@@ -88,10 +89,9 @@ def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv
 
 @built
 def test_an_isa_this_cpu_lacks_is_refused_before_any_call(monkeypatch):
-    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
-    monkeypatch.setattr(cpu_linear, "has_avx512", lambda: False)
+    monkeypatch.setattr(settings, "has_avx512", lambda: False)
     inputs = random_gdn_inputs(0, 1, 2, 1, 1, 8, 8)
-    with pytest.raises(OSError, match="AVX-512F"):
+    with pytest.raises(OSError, match="AVX-512F"), settings.use(KernelSettings(isa="avx512")):
         _ffi(inputs)
 
 
@@ -282,15 +282,15 @@ def test_native_replay_commit_refuses_bad_windows_and_counts():
 @pytest.mark.parametrize("t", [1, 40])
 def test_the_helper_thread_changes_no_bit(monkeypatch, t):
     """Heads are shared with a helper thread of XLA's pool (long windows): whichever thread runs
-    a head, its arithmetic is the same. Each setting is traced afresh (the attribute is read when
-    a call is traced; the lowered call must carry it)."""
+    a head, its arithmetic is the same. The one jitted function is traced afresh per setting
+    (JAX's caches key on ``settings.use``; the lowered call must carry it)."""
     q, k, v, g, beta, s0 = random_gdn_inputs(t, 2, t, 2, 4, 64, 32)
     got = []
+    fn = jax.jit(lambda *a: cpu_gdn.apply(*a, 0.125, True))
     for threads in (1, 2, 3):
-        monkeypatch.setattr(cpu_gdn, "THREADS", threads)
-        fn = jax.jit(lambda *a: cpu_gdn.apply(*a, 0.125, True))
-        assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
-        got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
+        with settings.use(KernelSettings(gdn_threads=threads)):
+            assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
+            got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
     for outs in got[1:]:
         for a, b in zip(outs, got[0], strict=True):
             np.testing.assert_array_equal(a, b)
@@ -317,10 +317,10 @@ def test_the_tree_walk_shares_heads_without_changing_a_bit(monkeypatch):
     tree = TreeShape((2, 2, 2, 1))
     q, k, v, g, beta, s0 = random_gdn_inputs(3, 2, tree.rows, 2, 2, 64, 64)
     got = []
+    fn = jax.jit(lambda *a: cpu_gdn.apply_tree(*a, tree.parent, 0.125))
     for threads in (1, 2):
-        monkeypatch.setattr(cpu_gdn, "THREADS", threads)
-        fn = jax.jit(lambda *a: cpu_gdn.apply_tree(*a, tree.parent, 0.125))
-        assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
-        got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
+        with settings.use(KernelSettings(gdn_threads=threads)):
+            assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
+            got.append([np.asarray(x) for x in fn(q, k, v, g, beta, s0)])
     for a, b in zip(got[1], got[0], strict=True):
         np.testing.assert_array_equal(a, b)

@@ -17,6 +17,8 @@ import mtpspec
 from mtpspec import config as C
 from mtpspec import decoding, models
 from mtpspec.kernels import cpu_attention, cpu_linear
+from mtpspec.kernels import settings as kernel_settings
+from mtpspec.kernels.settings import KernelSettings
 from mtpspec.models import decoder
 from mtpspec.models.inference import (
     MEMO,
@@ -41,11 +43,8 @@ def test_the_kernel_is_built_wherever_a_compiler_is():
 
 
 def _check(rows, d_in, d_out, seed=0, scale=1.0, isa="auto"):
-    cpu_linear.ISA, before = isa, cpu_linear.ISA
-    try:
+    with kernel_settings.use(KernelSettings(isa=isa)):
         _check_isa(rows, d_in, d_out, seed, scale)
-    finally:
-        cpu_linear.ISA = before
 
 
 def _check_isa(rows, d_in, d_out, seed, scale):
@@ -89,15 +88,15 @@ def test_avx512_pairs_change_no_value(monkeypatch, rows):
     paired (32 output columns) or alone (16), so how the threads' chunks pair tiles is moot."""
     if "avx512" not in ISAS:
         pytest.skip("this CPU lacks AVX-512F")
-    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 70)).astype(np.float32)
     w = rng.standard_normal((70, 48)).astype(np.float32)
     f = jax.jit(cpu_linear.apply, static_argnums=2)
-    paired = np.asarray(f(x, cpu_linear.pack(w), 48))  # tiles 0-1 paired, tile 2 alone
-    for t in range(3):
-        alone = np.asarray(f(x, cpu_linear.pack(w[:, 16 * t : 16 * t + 16]), 16))
-        np.testing.assert_array_equal(paired[:, 16 * t : 16 * t + 16], alone)
+    with kernel_settings.use(KernelSettings(isa="avx512")):
+        paired = np.asarray(f(x, cpu_linear.pack(w), 48))  # tiles 0-1 paired, tile 2 alone
+        for t in range(3):
+            alone = np.asarray(f(x, cpu_linear.pack(w[:, 16 * t : 16 * t + 16]), 16))
+            np.testing.assert_array_equal(paired[:, 16 * t : 16 * t + 16], alone)
 
 
 @built
@@ -115,11 +114,12 @@ def test_a_rows_result_does_not_depend_on_its_window(monkeypatch, storage, d_in)
     wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
     f = jax.jit(cpu_linear.apply, static_argnums=2)
     by_isa = []
-    for isa in ISAS:
-        monkeypatch.setattr(cpu_linear, "ISA", isa)
-        alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 40)) for i in range(len(x))])
-        for rows in (2, 3, 4, 5, 6, 7, 13, 64, 131):
-            np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 40)), alone[:rows])
+    for isa in ISAS:  # one jitted f: JAX's caches key on the settings, so each ISA is traced
+        with kernel_settings.use(KernelSettings(isa=isa)):
+            assert f"isa = {cpu_linear.isa_code(isa)} : i64" in f.lower(x, wp, 40).as_text()
+            alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 40)) for i in range(len(x))])
+            for rows in (2, 3, 4, 5, 6, 7, 13, 64, 131):
+                np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 40)), alone[:rows])
         by_isa.append(alone)
     for other in by_isa[1:]:
         np.testing.assert_array_equal(other, by_isa[0])
@@ -131,15 +131,17 @@ def test_a_rows_result_does_not_depend_on_its_window(monkeypatch, storage, d_in)
 
 
 def test_bad_or_unsupported_isa_raises(monkeypatch):
-    monkeypatch.setattr(cpu_linear, "ISA", "sse2")
     with pytest.raises(ValueError, match="isa 'sse2'"):
-        cpu_linear.isa_code()
-    monkeypatch.setattr(cpu_linear, "ISA", "avx512")
-    monkeypatch.setattr(cpu_linear, "has_avx512", lambda: False)
+        cpu_linear.isa_code("sse2")
+    with pytest.raises(ValueError, match="isa 'sse2'"):
+        KernelSettings(isa="sse2")
+    monkeypatch.setattr(kernel_settings, "has_avx512", lambda: False)
     with pytest.raises(OSError, match="AVX-512F"):
-        cpu_linear.isa_code()
-    monkeypatch.setattr(cpu_linear, "ISA", "auto")
-    assert cpu_linear.isa_name() == "avx2"
+        cpu_linear.isa_code("avx512")
+    with pytest.raises(OSError, match="AVX-512F"), kernel_settings.use(KernelSettings("avx512")):
+        pass
+    assert cpu_linear.isa_name("auto") == "avx2"
+    assert KernelSettings().resolved().isa == "avx2"
 
 
 @built
@@ -265,13 +267,15 @@ def test_prefetch_and_threads_change_no_value(monkeypatch, rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 96)).astype(np.float32)
     wp = cpu_linear.pack(rng.standard_normal((96, 200)).astype(np.float32))
+    f = jax.jit(lambda a, b: cpu_linear.apply(a, b, 200))  # retraced per setting (JAX's caches)
     for isa in ISAS:
-        monkeypatch.setattr(cpu_linear, "ISA", isa)
         got = []
         for prefetch, threads in ((0, 1), (64, 1), (64, 2), (8, 2)):
-            monkeypatch.setattr(cpu_linear, "PREFETCH", prefetch)
-            monkeypatch.setattr(cpu_linear, "THREADS", threads)
-            got.append(np.asarray(jax.jit(lambda a, b: cpu_linear.apply(a, b, 200))(x, wp)))
+            with kernel_settings.use(
+                KernelSettings(isa, linear_threads=threads, prefetch=prefetch)
+            ):
+                assert f"prefetch = {prefetch} : i64" in f.lower(x, wp).as_text()
+                got.append(np.asarray(f(x, wp)))
         for y in got[1:]:
             np.testing.assert_array_equal(y, got[0])
 
@@ -317,7 +321,7 @@ def test_explicit_ffi_under_a_mesh_is_refused_and_auto_runs_xla(model):
     with pytest.raises(ValueError, match="device mesh"):
         mtpspec.generate(config, params, [[1, 2]], max_new_tokens=4, mesh=mesh, linear="ffi")
     prepared = decoding.prepare(config, params, [[1, 2]], max_new_tokens=4, mesh=mesh)
-    assert prepared.key.linear == "xla"
+    assert prepared.key.backend.linear == "xla"
     assert not any(
         isinstance(x, Linear)
         for x in jax.tree.leaves(prepared.args[0], is_leaf=lambda x: isinstance(x, Linear))
@@ -331,8 +335,7 @@ def test_explicit_ffi_under_a_mesh_is_refused_and_auto_runs_xla(model):
 def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in, d_out, isa):
     """bf16 packing halves the bytes and changes no value: bit for bit the f32 kernel's result on
     the same weights widened (the widening is exact, the accumulation order the same)."""
-    cpu_linear.ISA, before = isa, cpu_linear.ISA
-    try:
+    with kernel_settings.use(KernelSettings(isa=isa)):
         rng = np.random.default_rng(rows * 7 + d_in)
         x = rng.standard_normal((rows, d_in)).astype(np.float32)
         w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.bfloat16)
@@ -352,8 +355,6 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
         rounded = np.asarray(f(x, cpu_linear.pack(w32, jnp.bfloat16), d_out))
         exact = np.asarray(f(x, cpu_linear.pack(w32), d_out))
         assert d_in * d_out < 4 or not np.array_equal(rounded, exact)
-    finally:
-        cpu_linear.ISA = before
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         cpu_linear.pack(w, jnp.float16)
 

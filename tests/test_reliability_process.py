@@ -25,7 +25,8 @@ import mtpspec
 from mtpspec import checkpoints, decoding, models
 from mtpspec import config as C
 from mtpspec.decoding import program
-from mtpspec.kernels import cpu_linear
+from mtpspec.kernels import cpu_linear, settings
+from mtpspec.kernels.settings import KernelSettings
 from tests.conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -134,27 +135,45 @@ def test_generating_changes_no_jax_config_and_no_logging_set_up():
 
 
 @pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
-def test_changing_a_kernel_knob_after_a_compile_compiles_a_new_program(model, monkeypatch):
-    """A notebook sets ``cpu_linear.THREADS = 1`` (or the ISA) after a first generate: the next
-    call must compile a program that reads the new value, not silently reuse the old one
-    (the knobs are read when a call is traced). Same tokens; setting it back reuses the first
-    program; the negative control: an unchanged knob compiles nothing."""
+def test_changing_a_kernel_setting_after_a_compile_compiles_a_new_program(model):
+    """A notebook runs a generate under other kernel settings (one thread, the other ISA) after a
+    first one: the next call must compile a program whose kernel calls carry the new values, not
+    silently reuse the old one. Same tokens (threads change no bit; the ISA only where both
+    exist: it may change last bits, so only the tokens of a greedy run are compared); back to
+    the first settings reuses the first program; the negative control: equal settings built
+    anew compile nothing."""
     config, params = model
     run = functools.partial(
         decoding.generate, config, params, PROMPTS, max_new_tokens=6, linear="ffi",
         speculative=decoding.SpecConfig("mtp", 2),
     )  # fmt: skip
+    prepare = functools.partial(
+        decoding.prepare, config, params, PROMPTS, max_new_tokens=6, linear="ffi",
+        speculative=decoding.SpecConfig("mtp", 2),
+    )  # fmt: skip
     first = run().tokens
     before = decoding.compile_count()
-    assert run().tokens == first and decoding.compile_count() == before  # negative control
-    monkeypatch.setattr(cpu_linear, "THREADS", 1)
-    assert run().tokens == first
-    assert decoding.compile_count() == before + 1
-    monkeypatch.setattr(cpu_linear, "ISA", "avx2")
-    assert run().tokens == first
-    assert decoding.compile_count() == before + 2
-    monkeypatch.undo()
-    assert run().tokens == first and decoding.compile_count() == before + 2
+    with settings.use(dataclasses.replace(settings.current())):  # equal value, new object
+        assert run().tokens == first and decoding.compile_count() == before
+    one = KernelSettings(settings.current().isa, 1, 1, 1)
+    with settings.use(one):
+        assert run().tokens == first
+        assert decoding.compile_count() == before + 1
+        key = prepare().key
+        assert key.backend.kernels == one
+        text = prepare().lower().as_text()
+    calls = text.count("threads = ")
+    assert calls > 0 and text.count("threads = 1 : i64") == calls  # every kernel call
+    other = "avx2" if settings.current().isa == "avx512" else "avx512"
+    if settings.has_avx512():
+        with settings.use(KernelSettings(other)):
+            assert run().tokens == first
+            assert decoding.compile_count() == before + 2
+    else:
+        with pytest.raises(OSError, match="AVX-512F"), settings.use(KernelSettings(other)):
+            pass
+    compiled = decoding.compile_count()
+    assert run().tokens == first and decoding.compile_count() == compiled
 
 
 def test_equal_spec_configs_are_equal(model):

@@ -9,6 +9,7 @@ the decoding capacity), summed over the layers of each kind; ``model`` is the wh
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
@@ -19,8 +20,8 @@ from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
 from mtpspec.config import FULL, ModelConfig
 from mtpspec.decoding import stages
+from mtpspec.decoding.backend import window_gdn_method
 from mtpspec.decoding.commit import COMMIT_STRATEGIES
-from mtpspec.decoding.host import window_gdn_method
 from mtpspec.decoding.proposers import Committed
 from mtpspec.models import layers
 from mtpspec.models.decoder import lm_logits
@@ -245,7 +246,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     if pieces:
         jobs[("mlp", 0)] = loop_job(mlps, params["layers"], x, iters=iters)
         jobs[("lm_head", 0)] = loop_job(head, params, x, iters=iters)
-    sk = s._replace(k=t - 1, proposer=None, verify_method=method)
+    sk = s._replace(k=t - 1, proposer=None, backend=dataclasses.replace(s.backend, verify=method))
     active = jnp.ones((b,), bool)
 
     def window(prm, c):

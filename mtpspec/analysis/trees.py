@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from mtpspec import decoding
 from mtpspec.analysis.timing import interleaved_medians, loop_job
-from mtpspec.decoding import host, program
+from mtpspec.decoding import backend, program
 from mtpspec.models import decoder
 from mtpspec.models import tree as mtree
 
@@ -48,13 +48,13 @@ def tree_costs(
         return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
 
     def chain(t):
-        method = host.window_gdn_method(config, "auto", t, sharded=False)
+        method = backend.window_gdn_method(config, "auto", t, sharded=False)
         valid = jnp.array([t], jnp.int32)
         return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
 
     def tree(shape):  # with the GDN form decoding runs for it (stages.verify)
         active = jnp.array([True])
-        native = host.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
+        native = backend.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
         return job(
             lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active, native),
             shape.rows,

@@ -47,7 +47,7 @@ class Prepared(NamedTuple):
 
     def lower(self) -> jax.stages.Lowered:
         """The whole program (prefill + loop), lowered for these argument shapes."""
-        return program.run_jit.lower(self.key, *self.args)
+        return program.lower(self.key, self.args)
 
     def compiled(self):
         """(the cached compiled program, whether it was compiled by this call)."""

@@ -16,10 +16,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mtpspec import kernels, ops, sharding
+from mtpspec import sharding
 from mtpspec.config import ModelConfig, token_id_list
 from mtpspec.decoding import proposers
 from mtpspec.decoding.adaptive import DraftLimits
+from mtpspec.decoding.backend import resolve as resolve_backend
 from mtpspec.decoding.program import ProgramKey
 from mtpspec.decoding.sampling import (
     Draws,
@@ -32,7 +33,7 @@ from mtpspec.decoding.sampling import (
 )
 from mtpspec.decoding.spec import DEFAULT_COMMIT, SpecConfig
 from mtpspec.models import inference
-from mtpspec.models.inference import resolve_attention, resolve_linear
+from mtpspec.models.inference import resolve_linear
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import init_decode_state
 from mtpspec.models.tree import check_tree
@@ -169,14 +170,6 @@ def _check_capacity_arg(capacity, longest: int) -> int:
     return capacity
 
 
-def window_gdn_method(config: ModelConfig, method: str, t: int, *, sharded: bool) -> str:
-    """The GDN form a t-token decoding window (verify window or prefill) runs
-    (``ops.gdn_method_for`` as decoding asks it: the native kernel allowed, for this model's head
-    size)."""
-    state = config.linear_key_head_dim * config.linear_value_head_dim
-    return ops.gdn_method_for(method, t, sharded=sharded, native=True, head_state=state)
-
-
 def prepare(
     config,
     params,
@@ -215,28 +208,29 @@ def prepare(
     else:
         linear = resolve_linear(linear, sharded=sharded)
     config = inference.compute_config(config, linear)
-    attention = resolve_attention(attention, sharded=sharded, cache_dtype=config.dtype)
-    verify_method = window_gdn_method(
-        config, speculative.verify_method if speculative else "auto", k + 1, sharded=sharded
+    backend = resolve_backend(
+        config,
+        linear=linear,
+        attention=attention,
+        verify_method=speculative.verify_method if speculative else "auto",
+        window=k + 1,
+        prefill=p_pad,
+        sharded=sharded,
     )
     key = ProgramKey(
         config=config,
         k=k,
         proposer=proposers.lookup(speculative.proposer).from_spec(speculative) if k else None,
         commit=speculative.commit if speculative else DEFAULT_COMMIT,
-        verify_method=verify_method,
-        prefill_method=window_gdn_method(config, "auto", p_pad, sharded=sharded),
         sampling=Sampling(greedy=greedy),
         capacity=default_capacity(longest, max_new_tokens, rows - 1)
         if capacity is None
         else _check_capacity_arg(capacity, longest),
         out_size=round_up(max(max_new_tokens, 1), BUCKET),
         mesh=mesh,
-        linear=linear,
+        backend=backend,
         logprobs=logprobs,
-        attention=attention,
         tree=tree,
-        kernels=kernels.trace_settings(),
         adaptive=bool(speculative and speculative.adapts),
     )
     b = len(prompts)
@@ -267,7 +261,7 @@ def device_args(s: ProgramKey, params, pparams, arrays: HostArrays) -> tuple:
     keys = seed_keys(arrays.seeds)
     limits = DraftLimits(np.float32(arrays.p_min), np.bool_(arrays.adaptive))
     if s.mesh is None:  # the inference tree: fused projections, packed for the C++ linear
-        params = inference.MEMO.get(s.config, params, s.linear, s.attention)
+        params = inference.MEMO.get(s.config, params, s.backend.linear, s.backend.attention)
         draws = Draws(keys, Knobs(*(jnp.asarray(x) for x in arrays.knobs)))
         plain = (arrays.tokens, arrays.lengths, arrays.max_new, arrays.eos)
         limits = DraftLimits(*(jnp.asarray(x) for x in limits))

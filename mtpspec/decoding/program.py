@@ -5,9 +5,9 @@ The decode state always holds every emitted token except the last (the *pending*
 decoding is the same loop with k = 0 (window = [pending], no proposer).
 
 Static (the ``ProgramKey``; one compile each): model config, k, proposer (with its static
-options), commit strategy, the GDN forms of verify and prefill, whether every row is greedy,
-whether log-probabilities are kept, capacity, output buffer size, the mesh, and the linear and
-attention implementations. Everything per
+options), commit strategy, the ``Backend`` (GDN forms of verify and prefill, linear and attention
+implementations, the C++ kernels' settings), whether every row is greedy, whether
+log-probabilities are kept, capacity, output buffer size and the mesh. Everything per
 sequence (prompt lengths, max_new_tokens, EOS ids, sampling settings and keys, accepted counts,
 stops) travels as arrays and masks.
 
@@ -31,10 +31,12 @@ from mtpspec import compiled, sharding
 from mtpspec.config import ModelConfig
 from mtpspec.decoding import adaptive, stages
 from mtpspec.decoding.adaptive import DraftLimits, Policy
+from mtpspec.decoding.backend import Backend
 from mtpspec.decoding.proposers import Committed, Prefilled, Proposer
 from mtpspec.decoding.proposers.base import Budget
 from mtpspec.decoding.sampling import Draws, Sampling
 from mtpspec.decoding.stages import RUNNING, STOP_EOS, STOP_LENGTH
+from mtpspec.kernels import settings
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.state import init_decode_state
 
@@ -52,17 +54,13 @@ class ProgramKey(NamedTuple):
     k: int  # drafts per verify step (0: plain decoding)
     proposer: Proposer | None  # None for plain decoding
     commit: str
-    verify_method: str  # GDN form of the verify window
-    prefill_method: str  # GDN form of the prefill
     sampling: Sampling  # static mode only (greedy or not); the settings are per-row arrays
     capacity: int  # KV slots per sequence
     out_size: int  # output buffer per sequence (max_new_tokens bucket)
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
-    linear: str = "xla"  # resolved linear implementation of the inference tree (models/inference)
-    attention: str = "xla"  # resolved attention implementation of decode steps / verify windows
+    backend: Backend = Backend()  # linear, attention, GDN forms, the kernels' settings (resolved)
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
     tree: Any = None  # a ``models.tree.TreeShape`` (tree speculation; depth k) or None (a chain)
-    kernels: tuple = ()  # the kernels' trace-time knobs (``kernels.trace_settings()``)
     adaptive: bool = False  # the draft length adapts per step (``decoding.adaptive``; chains)
 
 
@@ -125,7 +123,7 @@ def prefill(
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
     out = window_step_impl(
-        s.config, params, state, prompts, lengths, s.prefill_method, logits_at=lengths - 1
+        s.config, params, state, prompts, lengths, s.backend.prefill, logits_at=lengths - 1
     )
     last_logits = out.logits[:, 0]
     first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
@@ -303,6 +301,13 @@ def relieve_map_pressure() -> bool:
     return True
 
 
+def lower(s: ProgramKey, args, part: str = "run") -> jax.stages.Lowered:
+    """``part`` of the program for ``s`` lowered for ``args``, traced under the kernels'
+    settings of ``s.backend`` (what the C++ kernels' calls read while tracing)."""
+    with settings.use(s.backend.kernels):
+        return PARTS[part].lower(s, *args)
+
+
 class ProgramCache:
     """Compiled ``run`` programs, least recently used evicted beyond ``maxsize``.
 
@@ -339,7 +344,7 @@ class ProgramCache:
                 self._entries.move_to_end(sig)
                 return self._entries[sig], False
             relieve_map_pressure()
-            program = PARTS[part].lower(s, *args).compile(compiler_options=compiler_options())
+            program = lower(s, args, part).compile(compiler_options=compiler_options())
             self.compiles += 1
             self._entries[sig] = program
             while len(self._entries) > self.maxsize:

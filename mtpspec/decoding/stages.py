@@ -35,14 +35,14 @@ STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
 
 def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> StepOutput:
     """Fold the window [pending, drafts] into ``state`` (finished sequences: nothing) in one
-    forward. A chain runs the causal window (its GDN form ``s.verify_method``: the C++ kernel,
+    forward. A chain runs the causal window (its GDN form ``s.backend.verify``: the C++ kernel,
     chunked or recurrent); a tree runs every node over its own path (``models.tree``; keys at
     slots L + row, lengths as before). ``m`` [b] (adaptive chains): each row's drafts; the
     window runs at 1 + max(m) rows (``adaptive.switch_window``), its outputs padded to k + 1."""
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
     w = window.window(s)
     if w is not None and not w.is_chain:
-        native = s.verify_method == "ffi"  # where a chain's window runs the C++ kernel
+        native = s.backend.native  # the tree window's GDN runs the C++ kernel where a chain's would
         if native:
             cpu_gdn.TREE_KERNEL.require()  # an explicit choice runs or raises (OSError)
         return window_step_tree_impl(s.config, params, state, tokens, w, active, native)
@@ -50,13 +50,13 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     if m is None:
         valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
         return window_step_impl(
-            s.config, params, state, tokens, valid, s.verify_method, keep_states
+            s.config, params, state, tokens, valid, s.backend.verify, keep_states
         )
     valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
 
     def run_window(t, tokens, valid, state):
         out = window_step_impl(
-            s.config, params, state, tokens[:, :t], valid, s.verify_method, keep_states
+            s.config, params, state, tokens[:, :t], valid, s.backend.verify, keep_states
         )
         rows = s.k + 1
         return out._replace(
@@ -91,9 +91,10 @@ def commit(s, snapshot: DecodeState, verified: StepOutput, node, n) -> DecodeSta
     w = window.window(s)
     if w is None:  # plain decoding: the window is exactly the accepted prefix
         return verified.state
-    native = s.verify_method == "ffi"  # the window's GDN ran the C++ kernel: so does "replay"
     rows = window.kept_rows(w, node)
-    return commit_window(snapshot, verified.state, verified.commit, n, s.commit, native, rows)
+    return commit_window(
+        snapshot, verified.state, verified.commit, n, s.commit, s.backend.native, rows
+    )
 
 
 def depth(s, node) -> jax.Array:

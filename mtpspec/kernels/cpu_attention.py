@@ -8,10 +8,10 @@ q [b, t, hq, d]; the cache as the decode state keeps it, k [b, g, n, d] and v tr
 [b, g, d, n], already holding the window's own keys; positions [b, t] int32: query i reads slots
 0..positions[i] (only the live prefix, not the whole capacity). Returns o [b, t, hq, d] float32.
 The query rows of one kv head go through the cache together, one row per vector lane (16 with
-AVX-512, 8 with AVX2: ``cpu_linear.ISA`` sets the instruction set of every CPU kernel); a row's
+AVX-512, 8 with AVX2: ``kernels.settings`` sets the instruction set of every CPU kernel); a row's
 arithmetic depends neither on the window length, its lane neighbours, the instruction set nor the
 thread, so a window's rows are bit for bit the steps'. Groups of rows are shared between the caller
-and one helper thread of XLA's pool (``THREADS``). No gradient: decoding only.
+and helper threads of XLA's pool (``attention_threads``). No gradient: decoding only.
 ``models.layers.attention`` uses it where decoding's ``attention`` option resolved to "ffi", for
 windows of up to ``MAX_T`` tokens: decode steps, verify windows and prefills of up to 2048 tokens
 (bucketed prompt length); longer prefills use XLA's form. Each query walks its live prefix, so
@@ -24,18 +24,14 @@ and plain decoding the same (BUILD_NOTES.md, ninth session).
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec.kernels import cpu_linear, library
+from mtpspec.kernels import library, settings
 
 TARGET = "mtpspec_cpu_attention"
 MAX_T = 2048  # window tokens up to which decoding uses the kernel
-# caller + one pool helper share a call's query rows (1: the caller alone); read when traced
-THREADS = int(os.environ.get("MTPSPEC_CPU_ATTENTION_THREADS", "2"))
 
 KERNEL = library.Target(
     TARGET, "MtpspecCpuAttention", "the native attention needs the C++ CPU kernels"
@@ -75,6 +71,6 @@ def _call(kernel, target, q, k_cache, v_cache, ints, scale):
         v_cache.astype(f32),
         *(jnp.asarray(x).astype(jnp.int32) for x in ints),
         scale=np.float32(scale),
-        threads=np.int64(THREADS),
-        isa=np.int64(cpu_linear.isa_code()),
+        threads=np.int64(settings.current().attention_threads),
+        isa=np.int64(settings.current().isa_code),
     )

@@ -9,10 +9,10 @@ q, k [b, t, hk, dk] (key heads not expanded: value head h reads key head h // (h
 v [b, t, hv, dv], g (log-decay, already clamped to ``G_FLOOR``) and beta [b, t, hv], state0
 [b, hv, dk, dv]; all float32. Returns o and u [b, t, hv, dv], the final state and, with
 ``return_states``, every per-position state [b, t, hv, dk, dv] (else None). Heads are shared
-between the caller and one helper thread of XLA's pool (``THREADS``); a token's arithmetic is
-the same whatever the window length, the thread or the instruction set (``cpu_linear.ISA``, read
-when a call is traced: AVX-512 or AVX2 loops that hold a head's value row in registers, for value
-widths of 8-128 in whole vectors). No gradient: decoding only.
+between the caller and helper threads of XLA's pool (``gdn_threads``); a token's arithmetic is
+the same whatever the window length, the thread or the instruction set (both from
+``kernels.settings``, read when a call is traced: AVX-512 or AVX2 loops that hold a head's value
+row in registers, for value widths of 8-128 in whole vectors). No gradient: decoding only.
 
 ``apply_tree`` is a tree window (speculative tree verification): node r advances from its
 parent's state (``parent[r]``; −1 for the root, which continues ``state0``), nodes breadth
@@ -28,18 +28,14 @@ arithmetic).
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec.kernels import cpu_linear, library
+from mtpspec.kernels import library, settings
 from mtpspec.ops.conv import check_counts
 
 TARGET = "mtpspec_cpu_gdn"
-# caller + one pool helper share a window's heads (1: the caller alone); read when traced
-THREADS = int(os.environ.get("MTPSPEC_CPU_GDN_THREADS", "2"))
 COMMIT_TARGET = "mtpspec_cpu_gdn_commit"
 # The committed state takes the pre-window state's buffer (each output row reads only its own row
 # of state0, before writing it): in the decode loop the new state then lands in the loop-carried
@@ -75,8 +71,8 @@ def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
     o, fin, u, st = jax.ffi.ffi_call(TARGET, (out, final, out, states))(
         *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
         scale=np.float32(scale),
-        threads=np.int64(THREADS),
-        isa=np.int64(cpu_linear.isa_code()),
+        threads=np.int64(settings.current().gdn_threads),
+        isa=np.int64(settings.current().isa_code),
     )
     return o, fin, u, st if return_states else None
 
@@ -114,6 +110,6 @@ def apply_tree(q, k, v, g, beta, state0, parent, scale: float):
         *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
         jnp.asarray(parent, jnp.int32),
         scale=np.float32(scale),
-        threads=np.int64(THREADS),
-        isa=np.int64(cpu_linear.isa_code()),
+        threads=np.int64(settings.current().gdn_threads),
+        isa=np.int64(settings.current().isa_code),
     )

@@ -17,37 +17,29 @@ from its LM head (``packed_columns``, ``widen``).
 Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
 each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
 blocked GEMM, and a window of up to 6 rows reads every weight once. The inner loop is AVX2 or,
-where the CPU has it, AVX-512 with two tiles per pass (``ISA``; the two differ in the last bits,
-so every call of one program uses the same). Work above ~32 K multiply-adds
-is shared with one helper thread of XLA's intra-op pool (``THREADS``).
+where the CPU has it, AVX-512 with two tiles per pass (``settings.current().isa``; the two differ
+in the last bits, so every call of one program uses the same). Work above ~32 K multiply-adds
+is shared with helper threads of XLA's intra-op pool (``linear_threads``), and the weight stream
+is prefetched ``prefetch`` 64-byte rows ahead of the FMAs (a window of 3+ rows needs it:
+BUILD_NOTES 2026-12-02, fourth session). All three are read when a call is traced
+(``kernels.settings``).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec.kernels import library
+from mtpspec.kernels import library, settings
 
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16)
 TILE = 16
-# caller + one pool helper: the 2-core machines this is tuned on (1: the caller alone)
-THREADS = int(os.environ.get("MTPSPEC_CPU_LINEAR_THREADS", "2"))
-# Software prefetch this many 64-byte weight rows ahead of the FMAs (0 = off): overlaps the
-# weight stream with the arithmetic, which a window of 3+ rows needs (BUILD_NOTES 2026-12-02,
-# fourth session: in-loop r(4) 1.47 -> 1.10). Read when a call is traced.
-PREFETCH = 64
-# The instruction set of the kernel's inner loop, of the GDN kernel's token loops (cpu_gdn.py)
-# and of the attention kernel's lanes (cpu_attention.py): "auto" (AVX-512 where the CPU has it,
-# else AVX2), "avx2" or "avx512" (raises OSError on a CPU without it). Read when a call is traced.
-ISA = os.environ.get("MTPSPEC_CPU_LINEAR_ISA", "auto")
-ISAS = ("auto", "avx2", "avx512")
+ISAS = settings.ISAS
 
 
 KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ CPU linear kernel")
@@ -61,24 +53,20 @@ def status() -> tuple[bool, str]:
     return KERNEL.status()
 
 
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512F (False when the library is not available)."""
-    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_avx512())
+has_avx512 = settings.has_avx512
 
 
 def isa_name(isa: str | None = None) -> str:
-    """What ``isa`` (default ``ISA``) runs here: "avx512" or "avx2" ("auto" resolved)."""
+    """What ``isa`` (default: the settings in effect) runs here: "avx512" or "avx2"."""
     return ("avx2", "avx512")[isa_code(isa)]
 
 
 def isa_code(isa: str | None = None) -> int:
-    """The kernel's ``isa`` attribute for ``isa`` (default ``ISA``): 0 AVX2, 1 AVX-512."""
-    isa = ISA if isa is None else isa
-    if isa not in ISAS:
-        raise ValueError(f"unknown CPU linear isa {isa!r}; expected one of {ISAS}")
-    if isa == "avx512" and not has_avx512():
-        raise OSError("the CPU linear's isa='avx512' needs a CPU with AVX-512F; this one lacks it")
-    return int(isa == "avx512" or (isa == "auto" and has_avx512()))
+    """The kernels' ``isa`` attribute for ``isa`` (default: ``settings.current()``'s): 0 AVX2,
+    1 AVX-512. An unknown name raises ValueError, "avx512" without AVX-512F OSError."""
+    if isa is None:
+        return settings.current().isa_code
+    return settings.KernelSettings(isa=isa).isa_code
 
 
 def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
@@ -162,10 +150,11 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     target = TARGET_BF16 if bf16 else TARGET
+    ks = settings.current()
     return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
         x.astype(jnp.float32),
         wp,
-        threads=np.int64(THREADS),
-        prefetch=np.int64(PREFETCH),
-        isa=np.int64(isa_code()),
+        threads=np.int64(ks.linear_threads),
+        prefetch=np.int64(ks.prefetch),
+        isa=np.int64(ks.isa_code),
     )

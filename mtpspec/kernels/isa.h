@@ -1,6 +1,6 @@
 // The `isa` attribute every CPU kernel takes (0: AVX2 + FMA, 1: AVX-512F), checked the same way
 // by each: the Python side resolves "auto" with `mtpspec_cpu_linear_avx512()` (cpu_linear.cc) and
-// passes one value to all of them (cpu_linear.ISA / MTPSPEC_CPU_LINEAR_ISA).
+// passes one value to all of them (kernels.settings: KernelSettings.isa / MTPSPEC_CPU_LINEAR_ISA).
 
 #ifndef MTPSPEC_KERNELS_ISA_H_
 #define MTPSPEC_KERNELS_ISA_H_

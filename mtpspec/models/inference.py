@@ -117,13 +117,7 @@ def resolve_linear(impl: str, *, sharded: bool = False, platform: str | None = N
     available, else "xla" (logged with the reason, once per choice). Under a device mesh only
     "xla" runs (the fused / packed trees are not sharded); an explicit "ffi" there, on a non-CPU
     platform, or without the kernel raises ValueError / OSError."""
-    choice = _resolve("linear", impl, cpu_linear.KERNEL, sharded, platform)
-    if choice == "ffi":
-        isa = cpu_linear.isa_name()  # raises for an unknown or unsupported cpu_linear.ISA
-        if ("linear isa", cpu_linear.ISA, isa) not in _logged:
-            _logged.add(("linear isa", cpu_linear.ISA, isa))
-            log.info("CPU linear kernel: isa %r -> %r", cpu_linear.ISA, isa)
-    return choice
+    return _resolve("linear", impl, cpu_linear.KERNEL, sharded, platform)
 
 
 def resolve_attention(

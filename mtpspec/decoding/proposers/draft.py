@@ -89,7 +89,7 @@ class DraftModelProposer(Proposer):
         b = pre.prompts.shape[0]
         dstate = init_decode_state(self.config, b, s.capacity)
         out = window_step_impl(
-            self.config, pparams, dstate, pre.prompts, pre.lengths, s.prefill_method
+            self.config, pparams, dstate, pre.prompts, pre.lengths, s.backend.prefill
         )
         return out.state, pre.state
 

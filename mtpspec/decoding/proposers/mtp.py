@@ -78,11 +78,12 @@ class MTPProposer(Proposer):
             return None
         dv = spec.draft_vocab
         if s.mesh is None:  # the decoding tree's head (built once, shared with the target)
-            head = inference.MEMO.get(s.config, params, s.linear)["lm_head"]
+            head = inference.MEMO.get(s.config, params, s.backend.linear)["lm_head"]
         else:  # under a mesh the canonical tree runs
             head = inference.canonical_head(s.config, params)
+        linear = s.backend.linear
         return inference.MEMO.cached(
-            ("draft_head", s.config, dv, s.linear), head, lambda: draft_head(head, dv.ids, s.linear)
+            ("draft_head", s.config, dv, linear), head, lambda: draft_head(head, dv.ids, linear)
         )
 
     def shard_params(self, pparams, mesh):

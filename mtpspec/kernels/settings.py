@@ -1,0 +1,146 @@
+"""How the C++ CPU kernels run: instruction set, threads, prefetch distance — one frozen value.
+
+    ks = settings.current()                         # in effect here (resolved: isa never "auto")
+    with settings.use(KernelSettings(linear_threads=1, isa="avx2")):
+        mtpspec.generate(...)                       # its programs are traced and compiled with it
+
+A kernel wrapper (``cpu_linear.apply``, ``cpu_gdn.apply``, ``cpu_attention.apply``, ...) reads
+``current()`` when its call is traced and passes the values as the FFI call's attributes. ``use``
+is a JAX user context (``jax.make_user_context``): JAX's trace, lowering and compile caches key on
+its value, so a function traced under one setting — a nested jitted helper included — is never
+reused under another. Decoding resolves ``current()`` once in ``prepare`` into its ``Backend``
+(part of the program key) and traces its programs under that value.
+
+Outside any ``use``, the value comes from the environment, read once at import:
+MTPSPEC_CPU_LINEAR_ISA ("auto" | "avx2" | "avx512"; every kernel's instruction set),
+MTPSPEC_CPU_LINEAR_THREADS, MTPSPEC_CPU_ATTENTION_THREADS, MTPSPEC_CPU_GDN_THREADS (1: the
+caller alone; 2: the caller and one helper of XLA's intra-op pool, what the 2-core machines
+this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (64-byte weight rows prefetched ahead of
+the FMAs; 0 = off). A bad value raises ValueError naming the variable.
+
+The instruction set changes results in their last bits (the AVX-512 loops take two tiles per
+pass), so every call of one program uses one; threads and prefetch change no value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator, Mapping
+
+import jax
+
+ISAS = ("auto", "avx2", "avx512")
+_ENV = {
+    "isa": "MTPSPEC_CPU_LINEAR_ISA",
+    "linear_threads": "MTPSPEC_CPU_LINEAR_THREADS",
+    "attention_threads": "MTPSPEC_CPU_ATTENTION_THREADS",
+    "gdn_threads": "MTPSPEC_CPU_GDN_THREADS",
+    "prefetch": "MTPSPEC_CPU_LINEAR_PREFETCH",
+}
+MAX_THREADS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSettings:
+    """The C++ kernels' run settings (hashable; equal by value).
+
+    isa: "auto" (AVX-512 where the CPU has it, else AVX2), "avx2" or "avx512" (``resolved``
+    raises OSError on a CPU without AVX-512F). *_threads: 1..64 threads sharing one call (the
+    caller and helpers of XLA's intra-op pool). prefetch: weight rows the linear prefetches
+    ahead (0 = off).
+    """
+
+    isa: str = "auto"
+    linear_threads: int = 2
+    attention_threads: int = 2
+    gdn_threads: int = 2
+    prefetch: int = 64
+
+    def __post_init__(self):
+        if not isinstance(self.isa, str) or self.isa not in ISAS:
+            raise ValueError(f"unknown kernel isa {self.isa!r}; expected one of {ISAS}")
+        for name in ("linear_threads", "attention_threads", "gdn_threads", "prefetch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        for name in ("linear_threads", "attention_threads", "gdn_threads"):
+            if not 1 <= getattr(self, name) <= MAX_THREADS:
+                raise ValueError(f"{name} must be in 1..{MAX_THREADS}, got {getattr(self, name)}")
+        if not 0 <= self.prefetch <= 4096:
+            raise ValueError(f"prefetch must be in 0..4096 rows, got {self.prefetch}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelSettings:
+        """The settings the MTPSPEC_CPU_* variables of ``environ`` (default ``os.environ``) ask
+        for, the defaults where unset. A bad value raises ValueError naming the variable."""
+        environ = os.environ if environ is None else environ
+        values: dict = {}
+        for field, var in _ENV.items():
+            raw = environ.get(var)
+            if raw is None or raw == "":
+                continue
+            if field == "isa":
+                values[field] = raw
+                continue
+            try:
+                values[field] = int(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r} is not an integer") from None
+        try:
+            return cls(**values)
+        except ValueError as e:
+            names = ", ".join(f"{_ENV[f]}={environ[_ENV[f]]!r}" for f in values)
+            raise ValueError(f"{e} (from {names})") from None
+
+    def resolved(self) -> KernelSettings:
+        """The same with ``isa`` resolved for this CPU ("auto" -> "avx512" or "avx2"); "avx512"
+        on a CPU without AVX-512F raises OSError."""
+        if self.isa == "avx2":
+            return self
+        avx512 = has_avx512()
+        if self.isa == "avx512" and not avx512:
+            raise OSError(
+                "the CPU kernels' isa='avx512' needs a CPU with AVX-512F; this one lacks it"
+            )
+        return dataclasses.replace(self, isa="avx512" if avx512 else "avx2")
+
+    @property
+    def isa_code(self) -> int:
+        """The kernels' ``isa`` attribute: 0 AVX2, 1 AVX-512 (of the resolved value)."""
+        return int(self.resolved().isa == "avx512")
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512F (False when the kernels' library is not available)."""
+    from mtpspec.kernels import library
+
+    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_avx512())
+
+
+@functools.lru_cache(maxsize=1)
+def from_environment() -> KernelSettings:
+    """``KernelSettings.from_env()`` of the process's environment, resolved (read once)."""
+    return KernelSettings.from_env().resolved()
+
+
+_CONTEXT = jax.make_user_context(None)
+
+
+def current() -> KernelSettings:
+    """The settings in effect (resolved): the innermost ``use``, else ``from_environment()``."""
+    value = _CONTEXT.value
+    return from_environment() if value is None else value
+
+
+@contextlib.contextmanager
+def use(ks: KernelSettings) -> Iterator[KernelSettings]:
+    """Run the block with ``ks`` (resolved first: OSError for an ISA this CPU lacks) as the
+    kernels' settings; JAX's caches key on it (see the module docstring). Thread-local."""
+    if not isinstance(ks, KernelSettings):
+        raise TypeError(f"use() takes a KernelSettings, got {type(ks).__name__}")
+    ks = ks.resolved()
+    with _CONTEXT(ks):
+        yield ks

@@ -1,0 +1,111 @@
+"""The backend value: the kernels' settings (``kernels.settings``) and the resolved ``Backend`` of
+a decoding program (``decoding.backend``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from mtpspec.decoding import backend
+from mtpspec.decoding.backend import Backend
+from mtpspec.kernels import cpu_linear, settings
+from mtpspec.kernels.settings import KernelSettings
+
+built = pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
+
+
+def test_settings_check_their_values():
+    assert KernelSettings() == KernelSettings() and hash(KernelSettings()) == hash(KernelSettings())
+    assert KernelSettings(linear_threads=1) != KernelSettings()
+    for bad, error, match in [
+        (dict(isa="sse2"), ValueError, "isa 'sse2'"),
+        (dict(linear_threads=0), ValueError, "linear_threads must be in 1..64"),
+        (dict(gdn_threads=True), TypeError, "gdn_threads must be an int"),
+        (dict(attention_threads=2.0), TypeError, "attention_threads must be an int"),
+        (dict(prefetch=-1), ValueError, "prefetch must be in 0..4096"),
+    ]:
+        with pytest.raises(error, match=match):
+            KernelSettings(**bad)
+    with pytest.raises(TypeError, match="KernelSettings"), settings.use("avx2"):
+        pass
+
+
+def test_settings_from_the_environment_name_the_bad_variable():
+    env = {"MTPSPEC_CPU_LINEAR_THREADS": "1", "MTPSPEC_CPU_LINEAR_ISA": "avx2", "OTHER": "x"}
+    assert KernelSettings.from_env(env) == KernelSettings(isa="avx2", linear_threads=1)
+    assert KernelSettings.from_env({}) == KernelSettings()
+    with pytest.raises(ValueError, match="MTPSPEC_CPU_GDN_THREADS='two' is not an integer"):
+        KernelSettings.from_env({"MTPSPEC_CPU_GDN_THREADS": "two"})
+    with pytest.raises(ValueError, match="MTPSPEC_CPU_ATTENTION_THREADS='0'"):
+        KernelSettings.from_env({"MTPSPEC_CPU_ATTENTION_THREADS": "0"})
+    with pytest.raises(ValueError, match="MTPSPEC_CPU_LINEAR_ISA='neon'"):
+        KernelSettings.from_env({"MTPSPEC_CPU_LINEAR_ISA": "neon"})
+
+
+def test_current_settings_are_resolved_scoped_and_thread_local():
+    outside = settings.current()
+    assert outside.isa in ("avx2", "avx512") and outside == settings.from_environment()
+    seen = {}
+    with settings.use(KernelSettings(isa="avx2", linear_threads=1)) as ks:
+        assert settings.current() == ks == KernelSettings(isa="avx2", linear_threads=1)
+        worker = threading.Thread(target=lambda: seen.setdefault("other", settings.current()))
+        worker.start()
+        worker.join()
+        with settings.use(KernelSettings(isa="avx2", gdn_threads=1)):
+            assert settings.current().linear_threads == 2  # the inner value, whole
+    assert seen["other"] == outside  # another thread does not see this thread's block
+    assert settings.current() == outside
+
+
+@built
+def test_a_nested_jitted_helper_is_traced_again_under_other_settings():
+    """A module-level knob read at trace time is invisible to JAX's caches: a jitted helper
+    called inside another jitted function kept the first trace's value whatever the knob said
+    later. ``settings.use`` is a JAX user context, part of the trace and compile cache keys, so
+    the same functions traced under other settings carry the new values."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    wp = cpu_linear.pack(rng.standard_normal((40, 24)).astype(np.float32))
+    inner = jax.jit(lambda a, b: cpu_linear.apply(a, b, 24))
+    outer = jax.jit(lambda a, b: inner(a, b) * 2.0)
+    results = {}
+    for threads, prefetch in ((1, 0), (2, 64), (1, 0)):
+        with settings.use(KernelSettings(linear_threads=threads, prefetch=prefetch)):
+            text = outer.lower(x, wp).as_text()
+            assert f"threads = {threads} : i64" in text and f"prefetch = {prefetch} : i64" in text
+            results[threads] = np.asarray(outer(x, wp))
+    np.testing.assert_array_equal(results[1], results[2])  # threads and prefetch change no bit
+
+
+def test_the_backend_is_a_checked_value():
+    b = Backend(linear="ffi", attention="xla", verify="ffi", prefill="chunk")
+    assert b.native and not dataclasses.replace(b, verify="recurrent").native
+    assert b == Backend(linear="ffi", attention="xla", verify="ffi", prefill="chunk")
+    assert len({b, dataclasses.replace(b)}) == 1
+    assert b.kernels == settings.current()
+    for bad, match in [
+        (dict(linear="fast"), "Backend.linear"),
+        (dict(attention="auto"), "Backend.attention"),
+        (dict(verify="warp"), "Backend.verify"),
+        (dict(kernels=KernelSettings()), "resolved KernelSettings"),  # isa "auto"
+    ]:
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(b, **bad)
+
+
+def test_an_explicit_kernel_that_cannot_run_raises_when_the_backend_is_resolved(monkeypatch):
+    from mtpspec import config as C
+    from mtpspec.kernels import cpu_attention
+
+    config = C.tiny_hybrid()
+    monkeypatch.setattr(cpu_attention.KERNEL, "status", lambda: (False, "not built here"))
+    args = dict(linear="xla", verify_method="auto", window=3, prefill=16, sharded=False)
+    with pytest.raises(OSError, match="not built here"):
+        backend.resolve(config, attention="ffi", **args)
+    assert backend.resolve(config, attention="auto", **args).attention == "xla"  # said, logged
+    with pytest.raises(ValueError, match="cannot run under a device mesh"):
+        backend.resolve(config, attention="ffi", **{**args, "sharded": True})
