@@ -238,10 +238,9 @@ def test_prepared_prefill_and_step_are_the_programs_generate_compiles(moe_model)
     got = [row[:n] for row, n in zip(np.asarray(carry.out).tolist(), carry.count.tolist())]
     assert got[: len(prompts)] == want.tokens
     if jax.default_backend() == "cpu":
-        params_, pparams, _, _, max_new, eos, _, _ = prep.args
-        args = (params_, pparams, max_new, eos, carry)
-        step, compiled_now = program.CACHE.get(prep.key, args, "step")
-        assert not compiled_now
+        args = program.Program.step_args(prep.args, carry)
+        step, compiled_now = prep.program.compiled(args, "step")
+        assert not compiled_now and prep.program.window.depth == 2
         default = program.step_jit.lower(prep.key, *args).compile()
         count = lambda c: c.as_text().count(" reduce-window(")  # noqa: E731
         assert count(step) < count(default) / 2, (count(step), count(default))

@@ -45,27 +45,28 @@ class Prepared(NamedTuple):
     n: int
     max_new_tokens: int
 
+    @property
+    def program(self) -> program.Program:
+        """The program this call runs (``program.Program``: its parts, options and cache)."""
+        return program.Program(self.key)
+
     def lower(self) -> jax.stages.Lowered:
         """The whole program (prefill + loop), lowered for these argument shapes."""
-        return program.lower(self.key, self.args)
+        return self.program.lower(self.args)
 
     def compiled(self):
         """(the cached compiled program, whether it was compiled by this call)."""
-        return CACHE.get(self.key, self.args)
+        return self.program.compiled(self.args)
 
     def prefill(self) -> Carry:
         """The prefill: the loop carry before the first verify step (compiled with the options
         ``generate`` uses, cached and counted like its programs)."""
-        compiled_prefill, _ = CACHE.get(self.key, self.args, "prefill")
-        return compiled_prefill(*self.args)
+        return self.program.prefill(self.args)
 
     def step(self, carry: Carry) -> Carry:
         """One verify step (exactly the loop's body), compiled, cached and counted as
         ``prefill``."""
-        params, pparams, _, _, max_new, eos, _, _ = self.args
-        args = (params, pparams, max_new, eos, carry)
-        compiled_step, _ = CACHE.get(self.key, args, "step")
-        return compiled_step(*args)
+        return self.program.step(self.args, carry)
 
 
 def prepare(

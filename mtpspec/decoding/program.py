@@ -368,3 +368,56 @@ class ProgramCache:
 
 
 CACHE = compiled.register(ProgramCache())
+
+
+class Program(NamedTuple):
+    """One decoding program, built from its key: the window it verifies, the options it is
+    compiled with, and its parts — ``run`` (prefill and the whole loop: ``generate``),
+    ``prefill`` and ``step`` (one verify step, exactly the loop's body: ``generate_stream``).
+    Every part is lowered under ``key.backend``'s kernel settings, compiled with
+    ``compiler_options``, and cached and counted in ``cache`` (``CACHE`` by default), so a part
+    is the same compiled code whichever entry point reaches it.
+
+        prog = Program(key)
+        out = prog.run(args)            # args: (params, pparams, prompts, lengths, max_new,
+        carry = prog.prefill(args)      #        eos, draws, limits)
+        carry = prog.step(args, carry)
+    """
+
+    key: ProgramKey
+    cache: ProgramCache = CACHE
+
+    @property
+    def window(self):
+        """The verify window (``decoding.window``): the tree, the chain of k, or None (plain)."""
+        from mtpspec.decoding.window import window
+
+        return window(self.key)
+
+    @property
+    def compiler_options(self) -> dict | None:
+        return compiler_options()
+
+    def lower(self, args, part: str = "run") -> jax.stages.Lowered:
+        return lower(self.key, args, part)
+
+    def compiled(self, args, part: str = "run"):
+        """(the compiled ``part`` for these arguments, whether this call compiled it)."""
+        return self.cache.get(self.key, args, part)
+
+    def run(self, args):
+        """Prefill and loop: (out, count, stop, accepts, steps, logp, drafted)."""
+        return self.compiled(args)[0](*args)
+
+    def prefill(self, args) -> Carry:
+        return self.compiled(args, "prefill")[0](*args)
+
+    @staticmethod
+    def step_args(args, carry: Carry) -> tuple:
+        """The step's arguments from the call's: (params, pparams, max_new, eos, carry)."""
+        params, pparams, _, _, max_new, eos, _, _ = args
+        return (params, pparams, max_new, eos, carry)
+
+    def step(self, args, carry: Carry) -> Carry:
+        step_args = self.step_args(args, carry)
+        return self.compiled(step_args, "step")[0](*step_args)
