@@ -109,3 +109,38 @@ def test_an_explicit_kernel_that_cannot_run_raises_when_the_backend_is_resolved(
     assert backend.resolve(config, attention="auto", **args).attention == "xla"  # said, logged
     with pytest.raises(ValueError, match="cannot run under a device mesh"):
         backend.resolve(config, attention="ffi", **{**args, "sharded": True})
+
+
+@built
+@pytest.mark.parametrize("kernel", ["tree", "commit"])
+def test_a_native_window_whose_kernel_cannot_run_raises_instead_of_falling_back(
+    kernel, monkeypatch
+):
+    """Where the verify window resolved to the C++ GDN kernel, a tree window's GDN and the
+    "replay" commit run theirs too; one that cannot run raises OSError while the program is
+    traced, never an XLA form in its place. Negative control: with the kernel there, the same
+    call decodes."""
+    import jax
+
+    from mtpspec import config as C
+    from mtpspec import decoding, models
+    from mtpspec.kernels import cpu_gdn
+
+    config = C.tiny_hybrid(vocab_size=64, layer_types=(C.LINEAR, C.FULL), mlp_types=("dense",) * 2)
+    params = models.init_params(config, jax.random.key(4), norm_scale=0.1)
+    spec = dict(tree=decoding.SpecConfig("mtp", 2, tree=(2, 1)))
+    spec["commit"] = decoding.SpecConfig("mtp", 2, commit="replay", verify_method="ffi")
+    target = dict(tree=cpu_gdn.TREE_KERNEL, commit=cpu_gdn.COMMIT_KERNEL)[kernel]
+    run = lambda: decoding.generate(  # noqa: E731
+        config, params, [[3, 1, 4, 1, 5]], max_new_tokens=5, speculative=spec[kernel]
+    )
+    prepared = decoding.prepare(
+        config, params, [[3, 1, 4, 1, 5]], max_new_tokens=5, speculative=spec[kernel]
+    )
+    assert prepared.key.backend.native
+    decoding.release_compiled()  # a program compiled before would not be traced again
+    monkeypatch.setattr(target, "status", lambda: (False, "not built here"))
+    with pytest.raises(OSError, match="not built here"):
+        run()
+    monkeypatch.undo()
+    assert len(run().tokens[0]) == 5

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 
 from mtpspec import ops
 from mtpspec.decoding import window
-from mtpspec.kernels import cpu_gdn
 from mtpspec.models.state import DecodeState, GDNCache, GDNCommit
 from mtpspec.ops import GDNAux
 
@@ -76,21 +75,14 @@ def commit_gdn(
     final: jax.Array | None = None,
 ) -> GDNCache:
     """The GDN cache after the first ``n`` [b] positions of the verified window. ``native``: the
-    "replay" strategy runs the C++ closed form (``cpu_gdn.commit``; windows of up to
-    ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones the XLA form), which takes ``final`` (the
+    "replay" strategy runs the C++ closed form (``ops.commit_state``), which takes ``final`` (the
     state the window ended in, when given) as is for rows that keep the whole window."""
-    t = commit.k.shape[1]
-    if strategy == "replay" and native and t <= cpu_gdn.COMMIT_MAX_T:
-        cpu_gdn.COMMIT_KERNEL.require()  # an explicit choice runs or raises (OSError)
-        state = cpu_gdn.commit(
-            cache0.state, commit.k, commit.aux.u, commit.aux.g_cum, n, final=final
-        )
-    elif strategy == "scan":
+    if strategy == "scan":
         state = _scan_state(cache0.state, commit, n)
     elif strategy == "states":
         state = _select_state(cache0.state, commit, n)
     elif strategy == "replay":
-        state = ops.state_after(cache0.state, commit.k, commit.aux, n)
+        state = ops.commit_state(cache0.state, commit.k, commit.aux, n, native=native, final=final)
     else:
         raise ValueError(
             f"unknown commit strategy {strategy!r}; expected one of {COMMIT_STRATEGIES}"

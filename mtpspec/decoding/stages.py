@@ -24,7 +24,6 @@ import jax.numpy as jnp
 from mtpspec.decoding import adaptive, window
 from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.sampling import tree_speculative_accept
-from mtpspec.kernels import cpu_gdn
 from mtpspec.models.decoder import StepOutput, window_step_impl
 from mtpspec.models.state import DecodeState
 from mtpspec.models.tree import window_step_tree_impl
@@ -42,10 +41,8 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
     w = window.window(s)
     if w is not None and not w.is_chain:
-        native = s.backend.native  # the tree window's GDN runs the C++ kernel where a chain's would
-        if native:
-            cpu_gdn.TREE_KERNEL.require()  # an explicit choice runs or raises (OSError)
-        return window_step_tree_impl(s.config, params, state, tokens, w, active, native)
+        # the tree window's GDN runs the C++ kernel where a chain's would (or raises OSError)
+        return window_step_tree_impl(s.config, params, state, tokens, w, active, s.backend.native)
     keep_states = s.commit == "states"
     if m is None:
         valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)

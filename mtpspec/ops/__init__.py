@@ -7,6 +7,7 @@ c channels, w conv width.
   resolve_gdn_method          what method="auto" picks for a shape and platform
   gdn_method_for              a method name checked (and resolved under a device mesh) for t
   state_after                 closed-form state after n tokens of a window, from the aux data
+  commit_state                the same, or the C++ kernel's (native=True), as decoding commits
   causal_conv1d / causal_conv1d_step / conv_window_after   depthwise causal conv with SiLU
   causal_conv1d_tree          the same conv along each row's path of a tree
   l2_norm / rms_norm / gated_rms_norm
@@ -20,6 +21,7 @@ from mtpspec.ops.conv import (
 )
 from mtpspec.ops.gdn.api import (
     GDN_METHODS,
+    commit_state,
     gated_delta_rule,
     gated_delta_rule_with_aux,
     gdn_method_for,
@@ -33,6 +35,7 @@ __all__ = [
     "GDN_METHODS",
     "GDNAux",
     "causal_conv1d",
+    "commit_state",
     "causal_conv1d_step",
     "causal_conv1d_tree",
     "conv_window_after",

@@ -32,7 +32,7 @@ from mtpspec import compiled
 from mtpspec.kernels import cpu_gdn
 from mtpspec.ops.gdn.assoc import assoc
 from mtpspec.ops.gdn.chunk import chunked
-from mtpspec.ops.gdn.common import GDNAux, expand_key_heads
+from mtpspec.ops.gdn.common import GDNAux, expand_key_heads, state_after
 from mtpspec.ops.gdn.pallas_gpu import (
     PALLAS_DEFAULT_CHUNK,
     PallasConfig,
@@ -374,3 +374,16 @@ def gated_delta_rule(
         chunk_size=chunk_size,
     )
     return o, final
+
+
+def commit_state(initial_state, k, aux: GDNAux, n, *, native: bool = False, final=None):
+    """The state [b, h, k, v] float32 after the first ``n`` [b] positions of a verified window
+    (the "replay" commit), from the window's keys expanded to value heads and its aux data.
+    ``native``: the window ran the C++ kernel, and so does this — one call per layer
+    (``kernels.cpu_gdn.commit``; windows of up to ``cpu_gdn.COMMIT_MAX_T`` positions, longer ones
+    the closed form ``state_after``), taking ``final`` (the state the window ended in, when
+    given) as is for rows that keep the whole window; it raises OSError where the kernel cannot
+    run (an explicit choice runs or raises). Otherwise ``state_after``."""
+    if native and k.shape[1] <= cpu_gdn.COMMIT_MAX_T:
+        return cpu_gdn.commit(initial_state, k, aux.u, aux.g_cum, n, final=final)
+    return state_after(initial_state, k, aux, n)
