@@ -4,6 +4,7 @@ against the canonical one, every implementation's tokens against the others'."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import jax
@@ -362,8 +363,10 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
 @built
 def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights():
     """linear='ffi' keeps a bf16 model's matrices bf16 in the packed tree and computes in float32:
-    tokens and log-probs bit for bit those of the float32 model on the widened weights, and
-    speculative greedy equals plain greedy. linear='xla' keeps XLA's bf16 arithmetic."""
+    the tokens of the float32 model on the widened weights, log-probs within float32 rounding of
+    its (bit for bit under the suite's LLVM -O0; at XLA's default level the two programs, the
+    same HLO but for the weights' types, differ in last bits: 25 of 32 log-probs by <= 1.1e-6,
+    BUILD_NOTES nineteenth session), and speculative greedy equals plain greedy."""
     import dataclasses
 
     config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
@@ -376,7 +379,9 @@ def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights(
     got = mtpspec.generate(bf16, pb, prompts, **run)
     want = mtpspec.generate(config, widened, prompts, **run)
     assert got.tokens == want.tokens
-    np.testing.assert_array_equal(np.array(got.logprobs), np.array(want.logprobs))
+    if "xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", ""):
+        np.testing.assert_array_equal(np.array(got.logprobs), np.array(want.logprobs))
+    np.testing.assert_allclose(np.array(got.logprobs), np.array(want.logprobs), rtol=4e-6)
     tree = MEMO.get(inference_compute(bf16), pb, "ffi")
     assert cpu_linear.stored_dtype(tree["lm_head"].w) == jnp.bfloat16  # packed bf16
     assert cpu_linear.stored_dtype(tree["layers"][0]["gdn"]["w_qkv+w_z+w_b+w_a"].w) == jnp.bfloat16

@@ -99,8 +99,9 @@ def _resolve(what: str, impl: str, kernel, sharded: bool, platform: str | None) 
 def compute_config(config: ModelConfig, linear: str) -> ModelConfig:
     """The config decoding computes with: a bfloat16 model on the C++ linear ("ffi") keeps its
     matrices bf16 in the packed kernel (half the bytes streamed per token) and computes in
-    float32 — the arithmetic of transformers' float32 run on the same bf16 weights, and bit for
-    bit the float32 path's on the weights widened (logged once). Otherwise ``config`` itself."""
+    float32 — the arithmetic of transformers' float32 run on the same bf16 weights: the float32
+    path's tokens on the weights widened, its log-probs to the last bits (logged once; bit for bit
+    under LLVM -O0, docs/design.md). Otherwise ``config`` itself."""
     if linear != "ffi" or config.dtype != "bfloat16":
         return config
     if ("bf16 storage",) not in _logged:
