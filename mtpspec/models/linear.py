@@ -143,11 +143,5 @@ class Embedding:
     def __getitem__(self, tokens) -> jax.Array:
         raw = self._raw(tokens)
         if raw.dtype == jnp.uint16:
-            x = cpu_linear.widen(raw).astype(self.dtype)  # exact either way
-        else:
-            x = raw.astype(self.dtype)
-        # The rows are materialised before their consumers: otherwise XLA fuses the widening of
-        # a bf16 table into the first norm, and LLVM's code for that fusion (its FMA contraction
-        # and vectorisation at the default optimisation level) differs from the float32 table's,
-        # in the last bits. A barrier keeps the two programs the same past this point.
-        return jax.lax.optimization_barrier(x)
+            return cpu_linear.widen(raw).astype(self.dtype)  # exact either way
+        return raw.astype(self.dtype)
