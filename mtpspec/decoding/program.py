@@ -57,8 +57,8 @@ class ProgramKey(NamedTuple):
     sampling: Sampling  # static mode only (greedy or not); the settings are per-row arrays
     capacity: int  # KV slots per sequence
     out_size: int  # output buffer per sequence (max_new_tokens bucket)
+    backend: Backend  # linear, attention, GDN forms, the kernels' settings (``backend.resolve``)
     mesh: Any = None  # an Auto-typed (data, model) Mesh, or None for one device
-    backend: Backend = Backend()  # linear, attention, GDN forms, the kernels' settings (resolved)
     logprobs: bool = False  # keep each emitted token's log-probability (``Carry.logp``)
     tree: Any = None  # a ``models.tree.TreeShape`` (tree speculation; depth k) or None (a chain)
     adaptive: bool = False  # the draft length adapts per step (``decoding.adaptive``; chains)
