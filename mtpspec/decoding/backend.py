@@ -1,7 +1,7 @@
 """``Backend``: how one decoding program computes — resolved once, before tracing, and part of its
 program key.
 
-    backend = resolve(config, linear="auto", attention="auto", verify_method="auto",
+    backend = resolve(config, linear="ffi", attention="auto", verify_method="auto",
                       window=k + 1, prefill=p_pad, sharded=False)
     backend.linear       # "ffi" | "xla": the matrices (the C++ linear on packed weights, or XLA)
     backend.attention    # "ffi" | "xla": decode steps' and verify windows' attention
@@ -12,9 +12,10 @@ program key.
     backend.native       # the window's GDN runs the C++ kernel: so do the tree window and the
                          # "replay" commit
 
-Every "auto" is resolved here and logged once with its reason by the op's own api module
-(``models.inference.resolve_linear`` / ``resolve_attention``, ``ops.gdn_method_for``); an
-explicit choice that cannot run raises (ValueError / OSError) here, before anything compiles.
+Every "auto" is resolved (``linear`` by the caller, before: it decides the compute config) and
+logged once with its reason by the op's own api module (``models.inference.resolve_linear`` /
+``resolve_attention``, ``ops.gdn_method_for``); an explicit choice that cannot run raises
+(ValueError / OSError) there, before anything compiles.
 The kernels' settings are the ones in effect when ``prepare`` runs (``kernels.settings.use`` or
 the MTPSPEC_CPU_* environment): decoding traces and compiles its programs under this value, so
 changing them later selects another program instead of reusing one compiled under the old
@@ -35,7 +36,7 @@ from mtpspec import ops
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import settings
 from mtpspec.kernels.settings import KernelSettings
-from mtpspec.models.inference import resolve_attention, resolve_linear
+from mtpspec.models.inference import resolve_attention
 
 IMPLS = ("xla", "ffi")
 log = logging.getLogger(__name__)
@@ -94,12 +95,13 @@ def resolve(
     prefill: int,
     sharded: bool,
 ) -> Backend:
-    """The ``Backend`` of a decoding call: ``linear`` (already checked against the weights by the
-    caller when they are a ``DecodingWeights``), ``attention``, ``verify_method`` for a
-    ``window``-row verify window, the prefill's GDN form for ``prefill`` rows, and the kernels'
-    settings in effect. ``config``: the config decoding computes with."""
+    """The ``Backend`` of a decoding call: ``linear`` as the caller resolved it
+    (``models.inference.resolve_linear``, or a ``DecodingWeights``' own: it decides the compute
+    ``config``), ``attention``, ``verify_method`` for a ``window``-row verify window, the
+    prefill's GDN form for ``prefill`` rows, and the kernels' settings in effect. ``config``: the
+    config decoding computes with."""
     backend = Backend(
-        linear=resolve_linear(linear, sharded=sharded),
+        linear=linear,
         attention=resolve_attention(attention, sharded=sharded, cache_dtype=config.dtype),
         verify=window_gdn_method(config, verify_method, window, sharded=sharded),
         prefill=window_gdn_method(config, "auto", prefill, sharded=sharded),
