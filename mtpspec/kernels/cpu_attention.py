@@ -71,6 +71,5 @@ def _call(kernel, target, q, k_cache, v_cache, ints, scale):
         v_cache.astype(f32),
         *(jnp.asarray(x).astype(jnp.int32) for x in ints),
         scale=np.float32(scale),
-        threads=np.int64(settings.current().attention_threads),
-        isa=np.int64(settings.current().isa_code),
+        **settings.current().attributes("attention"),
     )

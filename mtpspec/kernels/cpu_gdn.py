@@ -71,8 +71,7 @@ def apply(q, k, v, g, beta, state0, scale: float, return_states: bool):
     o, fin, u, st = jax.ffi.ffi_call(TARGET, (out, final, out, states))(
         *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
         scale=np.float32(scale),
-        threads=np.int64(settings.current().gdn_threads),
-        isa=np.int64(settings.current().isa_code),
+        **settings.current().attributes("gdn"),
     )
     return o, fin, u, st if return_states else None
 
@@ -110,6 +109,5 @@ def apply_tree(q, k, v, g, beta, state0, parent, scale: float):
         *(x.astype(f32) for x in (q, k, v, g, beta, state0)),
         jnp.asarray(parent, jnp.int32),
         scale=np.float32(scale),
-        threads=np.int64(settings.current().gdn_threads),
-        isa=np.int64(settings.current().isa_code),
+        **settings.current().attributes("gdn"),
     )

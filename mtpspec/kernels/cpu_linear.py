@@ -31,7 +31,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from mtpspec.kernels import library, settings
 
@@ -150,11 +149,6 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     target = TARGET_BF16 if bf16 else TARGET
-    ks = settings.current()
     return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
-        x.astype(jnp.float32),
-        wp,
-        threads=np.int64(ks.linear_threads),
-        prefetch=np.int64(ks.prefetch),
-        isa=np.int64(ks.isa_code),
+        x.astype(jnp.float32), wp, **settings.current().attributes("linear")
     )

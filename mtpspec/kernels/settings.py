@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 import jax
+import numpy as np
 
 ISAS = ("auto", "avx2", "avx512")
 _ENV = {
@@ -106,6 +107,17 @@ class KernelSettings:
                 "the CPU kernels' isa='avx512' needs a CPU with AVX-512F; this one lacks it"
             )
         return dataclasses.replace(self, isa="avx512" if avx512 else "avx2")
+
+    def attributes(self, kernel: str) -> dict:
+        """The FFI attributes a ``kernel`` ("linear", "attention" or "gdn") call passes: its
+        thread count and the ISA code (and, for the linear, the prefetch distance), as int64."""
+        out = {
+            "threads": np.int64(getattr(self, f"{kernel}_threads")),
+            "isa": np.int64(self.isa_code),
+        }
+        if kernel == "linear":
+            out["prefetch"] = np.int64(self.prefetch)
+        return out
 
     @property
     def isa_code(self) -> int:
