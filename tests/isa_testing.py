@@ -9,10 +9,9 @@ import numpy as np
 from mtpspec.kernels import cpu_linear, settings
 
 
-def with_isa(monkeypatch, isa: str, fn, *args):
+def with_isa(isa: str, fn, *args):
     """``jax.jit(fn)(*args)`` as numpy under ``settings.use(KernelSettings(isa=isa))``, after
     checking that the lowered program passes that instruction set to the kernel."""
-    del monkeypatch  # kept for the callers' signature: the settings are scoped, not patched
     jitted = jax.jit(fn)
     with settings.use(settings.KernelSettings(isa=isa)):
         assert f"isa = {cpu_linear.isa_code(isa)} : i64" in jitted.lower(*args).as_text()

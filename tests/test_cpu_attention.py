@@ -64,7 +64,7 @@ def test_a_window_equals_its_rows_one_at_a_time_bit_for_bit():
 
 @built
 @pytest.mark.parametrize("t", [1, 4, 37])
-def test_the_helper_thread_changes_no_bit(monkeypatch, t):
+def test_the_helper_thread_changes_no_bit(t):
     """Query rows are shared with a helper thread of XLA's pool in chunks: whichever thread runs a
     row, its arithmetic is the same."""
     q, k, v, pos = _inputs(10 + t, 2, t, 8, 2, 64, 300)
@@ -83,7 +83,7 @@ def test_the_helper_thread_changes_no_bit(monkeypatch, t):
     "shape",
     [(1, 1, 4, 1, 64, 291), (1, 4, 4, 1, 64, 291), (2, 5, 8, 2, 32, 40), (1, 37, 6, 3, 24, 60)],
 )
-def test_both_instruction_sets_give_the_same_bits(monkeypatch, shape):
+def test_both_instruction_sets_give_the_same_bits(shape):
     """A kv head's query rows ride the vector lanes together (groups of 16 with AVX-512, 8 with
     AVX2, so the groups differ): every lane's arithmetic is a row's own, and the two instruction
     sets give identical bits — here 4, 16, 20 and 74 rows per kv head."""
@@ -91,7 +91,7 @@ def test_both_instruction_sets_give_the_same_bits(monkeypatch, shape):
         pytest.skip("this CPU lacks AVX-512F")
     q, k, v, pos = _inputs(sum(shape), *shape)
     got = [
-        with_isa(monkeypatch, isa, lambda *a: cpu_attention.apply(*a, 0.125), q, k, v, pos)
+        with_isa(isa, lambda *a: cpu_attention.apply(*a, 0.125), q, k, v, pos)
         for isa in ("avx2", "avx512")
     ]
     np.testing.assert_array_equal(got[0], got[1])
@@ -261,7 +261,7 @@ def _tree_visible(tree, lengths, n):
 
 @built
 @pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2), (1, 1, 1)])
-def test_tree_kernel_equals_the_masked_xla_form(monkeypatch, shape):
+def test_tree_kernel_equals_the_masked_xla_form(shape):
     """Row r reads the committed prefix and its path's slots (L + ancestor): against
     ``layers.masked_cache_attention``; NaN in every slot no row may read (the siblings' and
     cousins' keys, stale slots past the window) changes nothing; any number of threads gives the

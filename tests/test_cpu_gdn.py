@@ -48,7 +48,7 @@ def test_a_window_equals_its_tokens_one_at_a_time_bit_for_bit(t, dv):
 
 @built
 @pytest.mark.parametrize("dv", [8, 12, 16, 24, 48, 64, 80, 128])
-def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv):
+def test_every_token_loop_gives_the_same_bits_and_the_recurrence(dv):
     """The AVX2 and AVX-512 loops (value rows in registers, in blocks of up to 64 columns: dv a
     multiple of the vector width) and the plain loop (any other dv) compute every lane alike:
     the two instruction sets give identical bits, a chain window and a tree window alike, and
@@ -63,13 +63,13 @@ def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv
     chains, trees = [], []
     for isa in ISAS:
         o, final, u, states = with_isa(
-            monkeypatch, isa, lambda *a: cpu_gdn.apply(*a, scale, True), q, k, v, g, beta, s0
+            isa, lambda *a: cpu_gdn.apply(*a, scale, True), q, k, v, g, beta, s0
         )
         assert rel_err(o, ref_o) <= 1e-5 and rel_err(final, ref_s) <= 1e-5, isa
         np.testing.assert_array_equal(states[:, -1], final)
         chains.append((o, final, u, states))
         tree_fn = lambda *a: cpu_gdn.apply_tree(*a, tree.parent, scale)  # noqa: E731
-        trees.append(with_isa(monkeypatch, isa, tree_fn, tq, tk, tv, tg, tb, s0))
+        trees.append(with_isa(isa, tree_fn, tq, tk, tv, tg, tb, s0))
     for got in (chains, trees):
         for a, b in zip(got[-1], got[0], strict=True):
             np.testing.assert_array_equal(a, b)
@@ -77,7 +77,6 @@ def test_every_token_loop_gives_the_same_bits_and_the_recurrence(monkeypatch, dv
     path = [0, 1, 3]
     assert [int(tree.parent[i]) for i in path[1:]] == path[:-1]
     o, _, _, states = with_isa(
-        monkeypatch,
         ISAS[-1],
         lambda *a: cpu_gdn.apply(*a, scale, True),
         *(x[:, path] for x in (tq, tk, tv, tg, tb)),
@@ -280,7 +279,7 @@ def test_native_replay_commit_refuses_bad_windows_and_counts():
 
 @built
 @pytest.mark.parametrize("t", [1, 40])
-def test_the_helper_thread_changes_no_bit(monkeypatch, t):
+def test_the_helper_thread_changes_no_bit(t):
     """Heads are shared with a helper thread of XLA's pool (long windows): whichever thread runs
     a head, its arithmetic is the same. The one jitted function is traced afresh per setting
     (JAX's caches key on ``settings.use``; the lowered call must carry it)."""
@@ -309,7 +308,7 @@ def test_a_library_from_other_sources_is_refused(monkeypatch):
 
 
 @built
-def test_the_tree_walk_shares_heads_without_changing_a_bit(monkeypatch):
+def test_the_tree_walk_shares_heads_without_changing_a_bit():
     """The native GDN tree walk (``apply_tree``) with its heads shared between threads (a 23-node
     window of 64 x 64 heads: past the sharing threshold) gives the same bits as on one thread."""
     from mtpspec.models.tree import TreeShape

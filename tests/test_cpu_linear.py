@@ -84,7 +84,7 @@ def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed, isa):
 
 @built
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 7])
-def test_avx512_pairs_change_no_value(monkeypatch, rows):
+def test_avx512_pairs_change_no_value(rows):
     """AVX-512 takes full tiles two at a time: a column's value is the same whether its tile was
     paired (32 output columns) or alone (16), so how the threads' chunks pair tiles is moot."""
     if "avx512" not in ISAS:
@@ -103,7 +103,7 @@ def test_avx512_pairs_change_no_value(monkeypatch, rows):
 @built
 @pytest.mark.parametrize("storage", ["float32", "bfloat16"])
 @pytest.mark.parametrize("d_in", [70, 301])
-def test_a_rows_result_does_not_depend_on_its_window(monkeypatch, storage, d_in):
+def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
     """Each output is summed in one order whatever the row count it is called with (issue 35):
     row r of an R-row call (a verify window, a prefill) equals the same row called alone (a
     decode step) bit for bit, on every instruction set, and both instruction sets agree. 301
@@ -262,7 +262,7 @@ def test_inference_tree_gives_the_canonical_logits(model, impl):
 
 @built
 @pytest.mark.parametrize("rows", [1, 4, 7, 130])
-def test_prefetch_and_threads_change_no_value(monkeypatch, rows):
+def test_prefetch_and_threads_change_no_value(rows):
     """The software prefetch is a hint and the helper thread takes whole tiles: neither may
     change a bit of the result."""
     rng = np.random.default_rng(rows)
