@@ -174,17 +174,17 @@ def test_negative_control_cutting_a_draft_on_its_own_probability_fails_the_same_
     """Keep a draft only if the probability it was drawn with, q(d), is ≥ p_min: the draft is
     then drawn from q restricted to likely ids while verification divides by q, so the output
     law skews, and the same test must reject it."""
-    real = base.select_drafts
+    real = base.draft_window
 
-    def own_probability(s, step, draws, k, carry=None, budget=None, width=None):
-        out = real(s, step, draws, k, carry, None, width)  # no skipping: every q is real
+    def own_probability(s, w, step, draws, carry=None, budget=None, width=None):
+        out = real(s, w, step, draws, carry, None, width)  # no skipping: every q is real
         q_d = jnp.take_along_axis(out.q, out.drafts[..., None], axis=-1)[..., 0]
         return out._replace(conf=q_d)
 
     mtpspec.decoding.release_compiled()
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(base, "select_drafts", own_probability)
+            mp.setattr(base, "draft_window", own_probability)
             counts, _ = _first_three(model, p_min=0.5, policy=False)
     finally:
         mtpspec.decoding.release_compiled()

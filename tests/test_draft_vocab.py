@@ -77,7 +77,7 @@ def test_bad_settings_are_refused_before_device_work(model, tmp_path):
     cases = [
         (dict(draft_vocab=[1, 2]), TypeError, "DraftVocab or None"),
         (dict(proposer="ngram", draft_vocab=dv), ValueError, "applies to the proposers"),
-        (dict(num_draft=2, tree=(2, 1), draft_vocab=dv), ValueError, "chains so far"),
+        (dict(num_draft=2, tree=(4, 1), draft_vocab=dv), ValueError, "only 3 ids"),
         (dict(draft_vocab=DraftVocab([1], vocab_size=V + 1)), ValueError, "vocabulary of 9"),
     ]
     for kwargs, error, match in cases:
@@ -114,6 +114,20 @@ def test_speculative_greedy_equals_plain_greedy_for_every_subset(model, commit):
     assert max(taus) > 1.3 and min(taus) >= 1.0
 
 
+@pytest.mark.parametrize("tree", [(2, 1), (1, 3, 1)])
+def test_a_tree_drafting_among_a_subset_equals_plain_greedy(model, tree):
+    """Every node's children are the subset's top ids (mapped back onto the vocabulary): the
+    tree's rows are drafts from the subset, verification is the target's."""
+    config, params = model
+    plain = mtpspec.generate(config, params, PROMPTS, max_new_tokens=24)
+    common = np.bincount(np.concatenate(plain.tokens), minlength=V).argsort()[::-1]
+    dv = DraftVocab(sorted(common[:5].tolist()), vocab_size=V)
+    spec = mtpspec.SpecConfig(num_draft=len(tree), tree=tree, draft_vocab=dv)
+    got = mtpspec.generate(config, params, PROMPTS, max_new_tokens=24, speculative=spec)
+    assert got.tokens == plain.tokens
+    assert got.stats["tau"] > 1.1  # the mapped drafts are accepted
+
+
 def test_one_compile_per_vocabulary_size(model):
     config, params = model
     runs = []
@@ -128,9 +142,9 @@ def test_one_compile_per_vocabulary_size(model):
 # ---- lossless sampling -------------------------------------------------------------------------
 
 
-def _first_three(model, ids):
+def _first_three(model, ids, tree=None):
     dv = DraftVocab(ids, vocab_size=V)
-    spec = mtpspec.SpecConfig(num_draft=2, commit="replay", draft_vocab=dv)
+    spec = mtpspec.SpecConfig(num_draft=2, commit="replay", draft_vocab=dv, tree=tree)
     counts, stats = first_three_counts(model, spec)
     return counts, stats["tau"]
 
@@ -145,6 +159,15 @@ def test_sampling_with_a_draft_vocabulary_matches_the_target_distribution(model)
     assert want[..., [1, 4, 7]].sum() > 0.05  # the target often emits a token never drafted
     assert tau > 1.1  # drafts from the subset were accepted
     assert chi_square_p_value(counts, want) > 1e-3
+
+
+@pytest.mark.slow(25)
+def test_sampling_a_tree_with_a_draft_vocabulary_matches_the_target_distribution(model):
+    """Two i.i.d. children per root drawn from the subset's law, verified by multi-candidate
+    rejection over the full vocabulary."""
+    counts, tau = _first_three(model, SUBSET, tree=(2, 1))
+    assert tau > 1.1
+    assert chi_square_p_value(counts, exact_probs(*model, PROMPT, 3)) > 1e-3
 
 
 @pytest.mark.slow(25)

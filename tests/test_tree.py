@@ -5,6 +5,8 @@ negative controls), and greedy acceptance of the deepest matching path."""
 
 from __future__ import annotations
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +18,10 @@ from mtpspec import decoding, models, ops
 from mtpspec.decoding import sampling
 from mtpspec.decoding import window as dwindow
 from mtpspec.decoding.commit import COMMIT_STRATEGIES, commit_window
+from mtpspec.decoding.proposers.mtp import MTPProposer, MTPState
+from mtpspec.decoding.sampling import Sampling
 from mtpspec.kernels import cpu_gdn
-from mtpspec.models import GDNCache, decoder, mtp_tree
+from mtpspec.models import GDNCache, decoder
 from mtpspec.models import tree as mtree
 from mtpspec.models.tree import TreeShape
 from tests import test_sampling as sampling_tests
@@ -262,12 +266,20 @@ def mtp_model():
 @pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2), (1, 1, 1)])
 def test_mtp_tree_drafts_chain_the_head_along_every_branch(mtp_model, shape):
     """Each node's children are the top-b of the MTP head chained along that node's own path
-    (the cached one-token MTP steps the chain proposer takes), for every node."""
+    (the cached one-token MTP steps the chain proposer takes), for every node; (1, 1, 1) runs
+    the chain's form (rows written into the MTP cache), the others the tree's (own keys)."""
     config, params, state, h = mtp_model
     tree = TreeShape(shape)
-    drafts = jax.jit(
-        lambda p, st, h: mtp_tree.mtp_tree_drafts(config, p, st, h, tree, mtp_tree.greedy_select)[0]
-    )(params, state, h)
+    s = types.SimpleNamespace(
+        config=config, tree=tree, k=tree.depth, sampling=Sampling(True), adaptive=False
+    )
+    proposer = MTPProposer()
+    pending, active = jnp.zeros((2,), jnp.int32), jnp.ones((2,), bool)
+
+    def drafts_of(p, st, h):
+        return proposer.propose(s, p, None, MTPState(h), st, pending, active, None).drafts
+
+    drafts = jax.jit(drafts_of)(params, state, h)
     assert drafts.shape == (2, tree.nodes)
     tokens = np.concatenate([np.zeros((2, 1), np.int32), np.asarray(drafts)], axis=1)
     one = jnp.ones((2,), jnp.int32)
@@ -279,7 +291,8 @@ def test_mtp_tree_drafts_chain_the_head_along_every_branch(mtp_model, shape):
         for j in range(1, dep + 1):  # chain along r's path
             tok = jnp.asarray(tokens[:, tree.path[r, j]])[:, None]
             _, hid, tmp = decoder.mtp_window_step_impl(config, params, tmp, hid, tok, one)
-        want = mtp_tree.top_b(decoder.lm_logits(config, params, hid)[:, 0], tree.branching[dep])
+        logits = decoder.lm_logits(config, params, hid)[:, 0]
+        want = jax.lax.top_k(logits, tree.branching[dep])[1]
         children = [c for c in range(tree.rows) if tree.parent[c] == r]
         np.testing.assert_array_equal(tokens[:, children], np.asarray(want), err_msg=str(r))
 

@@ -55,7 +55,8 @@ class SpecConfig:
     draft_vocab: None (draft among the whole vocabulary) or a ``DraftVocab``: the MTP proposer
     drafts among its ids only (each draft's LM head is its size, not the vocabulary's);
     verification stays over the full vocabulary, so greedy output is unchanged and sampling stays
-    lossless (``decoding.draft_vocab``). Chains only, so far.
+    lossless (``decoding.draft_vocab``). Chains and trees (a tree's widest branching at most
+    the subset's size).
 
     Two SpecConfigs are equal (and hash alike) when every setting is equal and ``draft_params``
     is the same object (weights are compared by identity: comparing arrays element by element
@@ -152,8 +153,12 @@ class SpecConfig:
                 f"draft_vocab applies to the proposers {DRAFT_VOCAB_PROPOSERS}, "
                 f"not {self.proposer!r}"
             )
-        if self.tree is not None:
-            raise ValueError("draft_vocab applies to chains so far; leave tree=None")
+        widest = max(check_tree(self.tree).branching) if self.tree is not None else 1
+        if widest > dv.size:
+            raise ValueError(
+                f"tree {self.tree} drafts up to {widest} children per node; draft_vocab has "
+                f"only {dv.size} ids"
+            )
         if dv.vocab_size != config.vocab_size:
             raise ValueError(
                 f"draft_vocab was made for a vocabulary of {dv.vocab_size} ids; this model has "

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec.decoding import adaptive
+from mtpspec.decoding.sampling import filtered_log_probs, sample_rows
 from mtpspec.models.state import DecodeState
 
 
@@ -144,44 +145,93 @@ class Proposer:
 
 
 class Drafted(NamedTuple):
-    drafts: jax.Array  # [b, k] int32
-    q: jax.Array  # [b, k, V] (sampled) or [b, k, 0] (greedy)
-    conf: Any  # [b, k] float32 in adaptive programs, else None
-    carry: Any  # ``step``'s carry after the last draft computed
+    drafts: jax.Array  # [b, R − 1] int32: the window's draft rows, breadth first
+    q: jax.Array  # [b, R − 1, V] (sampled) or [b, R − 1, 0] (greedy)
+    conf: Any  # [b, k] float32 in adaptive programs (chains), else None
+    carry: Any  # ``step``'s carry after the last depth computed
 
 
-def select_drafts(
-    s, step, draws, k: int, carry=None, budget: Budget | None = None, width: int | None = None
+def top_b(logits, b: int):
+    """The b most likely ids [..., b] (ties: the lower id first, as argmax)."""
+    if b == 1:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)[..., None]
+    return jax.lax.top_k(logits, b)[1].astype(jnp.int32)
+
+
+def children(s, draws):
+    """How program ``s`` picks each node's children: ``select(logits [b, n, W], b_i, depth) ->
+    (ids [b, n, b_i], q [b, n, b_i, W or 0])``, ids and the law each was drawn from. Greedy: the
+    top b_i, no q. Sampled: b_i i.i.d. draws from the node's filtered distribution (keys
+    ``draws.fold(depth)``), each with that q, which lossless multi-candidate verification needs;
+    rows at temperature 0 take the top b_i instead, distinct, each with a one-hot q (deterministic
+    candidates, equally lossless: i.i.d. draws from a one-hot q would repeat one token). For
+    b_i = 1 this is exactly one draw per node (``Sampling.select_with_q``)."""
+    if s.sampling.greedy:
+
+        def greedy(logits, b: int, depth: int):
+            del depth
+            return top_b(logits, b), jnp.zeros(logits.shape[:-1] + (b, 0), jnp.float32)
+
+        return greedy
+
+    def sampled(logits, b: int, depth: int):
+        keys = draws.fold(depth).keys
+        logp = filtered_log_probs(logits, *draws.knobs)  # [batch, n, W]
+        if b == 1:
+            return sample_rows(keys, logp)[..., None], jnp.exp(logp)[:, :, None]
+        shape = logp.shape[:2] + (b, logp.shape[-1])
+        ids = sample_rows(keys, jnp.broadcast_to(logp[:, :, None], shape))
+        q = jnp.broadcast_to(jnp.exp(logp)[:, :, None], shape)
+        greedy = (draws.knobs.temperature == 0)[:, None, None]
+        top = top_b(logits, b)
+        ids = jnp.where(greedy, top, ids)
+        q = jnp.where(greedy[..., None], jax.nn.one_hot(top, q.shape[-1], dtype=q.dtype), q)
+        return ids, q
+
+    return sampled
+
+
+def per_child(q):
+    """[b, n, b_i, W] -> [b, n · b_i, W] (children in breadth-first order; W may be 0)."""
+    return q.reshape(q.shape[0], q.shape[1] * q.shape[2], q.shape[3])
+
+
+def draft_window(
+    s, w, step, draws, carry=None, budget: Budget | None = None, width: int | None = None
 ) -> Drafted:
-    """Draft k tokens one at a time: ``step(i, previous ids or None, carry) -> (logits [b, V],
-    carry)``; draft i is drawn with ``draws.fold(i)`` at each row's sampling settings. In
-    adaptive programs (``s.adaptive``) each draft's confidence is kept, and with a ``budget``
-    the steps of positions 1.. that no row drafts are skipped (``lax.cond``: zero logits, the
-    carry unchanged; ``width``: the logits' last axis, default the vocabulary)."""
+    """Draft the rows of window ``w`` (``decoding.window``; a chain is the tree of ones) one
+    depth at a time: ``step(i, nodes, carry) -> (logits [b, n_i, W], carry)`` gives the n_i
+    nodes of depth i their children's logits (``nodes`` [b, n_i] the depth-i ids the previous
+    call's logits chose, None at depth 0: the root, the pending token); each node's b_{i+1}
+    children are picked by ``children(s, draws)`` (ids in [0, W): a draft vocabulary's indices
+    when the step's logits are its subset). In adaptive programs (chains) each draft's
+    confidence is kept, and with a ``budget`` the depths 1.. that no row drafts are skipped
+    (``lax.cond``: zero logits, the carry unchanged; ``width``: W, default the vocabulary)."""
     width = s.config.vocab_size if width is None else width
-    picked, confs = [], []
-    for i in range(k):
-        previous = picked[-1][0] if picked else None
+    select = children(s, draws)
+    levels, qs, confs, nodes = [], [], [], None
+    for i, b_i in enumerate(w.branching):
         if budget is not None and i > 0:
 
-            def skip(previous, carry):
-                return jnp.zeros((previous.shape[0], width), jnp.float32), carry
+            def skip(nodes, carry):
+                return jnp.zeros(nodes.shape + (width,), jnp.float32), carry
 
-            def run(previous, carry, i=i):
-                logits, carry = step(i, previous, carry)
+            def run(nodes, carry, i=i):
+                logits, carry = step(i, nodes, carry)
                 return logits.astype(jnp.float32), carry
 
             need = budget.needs(jnp.stack(confs, axis=1), i)
-            logits, carry = jax.lax.cond(need, run, skip, previous, carry)
+            logits, carry = jax.lax.cond(need, run, skip, nodes, carry)
         else:
-            logits, carry = step(i, previous, carry)
-        if s.adaptive:
-            confs.append(adaptive.max_prob(logits))
-        picked.append(s.sampling.select_with_q(logits, draws.fold(i)))
-    drafts = jnp.stack([d for d, _ in picked], axis=1)
-    q = jnp.stack([q for _, q in picked], axis=1)
+            logits, carry = step(i, nodes, carry)
+        if s.adaptive:  # a chain's: one node per depth
+            confs.append(adaptive.max_prob(logits[:, 0]))
+        ids, q = select(logits, b_i, i)
+        nodes = ids.reshape(ids.shape[0], -1)
+        levels.append(nodes)
+        qs.append(per_child(q))
     conf = jnp.stack(confs, axis=1) if s.adaptive else None
-    return Drafted(drafts, q, conf, carry)
+    return Drafted(jnp.concatenate(levels, axis=1), jnp.concatenate(qs, axis=1), conf, carry)
 
 
 _REGISTRY: dict[str, type[Proposer]] = {}

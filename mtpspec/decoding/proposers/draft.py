@@ -2,10 +2,10 @@
 target's vocabulary (``SpecConfig(proposer="draft", draft_config=..., draft_params=...)``).
 
 Its decode state holds every emitted token but the pending one, like the target's. ``propose``
-runs k + 1 one-token steps over [pending, d_1..d_k] (so that an all-accepted window is folded in
-too) and hands their commit data to ``update``, which commits the draft state to the accepted
-prefix with the same strategy as the target (``commit_window``). With a tree it drafts depth by
-depth through its own tree windows and commits the accepted path (``decoding.commit``).
+drafts the window's rows depth by depth and hands their commit data to ``update``, which commits
+the draft state to the accepted row's path with the same strategy as the target
+(``commit_window``): a chain as k + 1 one-token steps over [pending, d_1..d_k] (so that an
+all-accepted window is folded in too), a tree through its own tree windows.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from mtpspec.decoding import window
 from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
-from mtpspec.decoding.proposers.mtp import sampled_children
 from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.inference import check_finite_once
-from mtpspec.models.mtp_tree import greedy_select, per_child
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import GDNCommit, init_decode_state
 from mtpspec.models.tree import window_step_tree_impl
@@ -96,47 +94,47 @@ class DraftModelProposer(Proposer):
     def propose(
         self, s, params, pparams, pstate, state, pending, active, key, budget=None
     ) -> Proposal:
-        if s.tree is not None:
-            return self._propose_tree(s, pparams, pstate, pending, active, key)
-        valid = active.astype(jnp.int32)
-        keep_states = s.commit == "states"
-        dstate, commits = pstate, []
+        """The window's rows depth by depth (``base.draft_window``; every depth runs, so the
+        commit data of every row is kept for ``update``). A chain steps the draft model one
+        token at a time (the pending token, then each draft) and folds the last draft in too (an
+        all-accepted window keeps it); a tree runs a tree window over the rows known so far
+        (deeper rows hold placeholders, which no shallower row sees) per depth and a last one
+        over the whole tree."""
+        w = window.window(s)
+        if w.is_chain:
+            valid = active.astype(jnp.int32)
+            keep_states = s.commit == "states"
+            commits = []
 
-        def step(token):
-            nonlocal dstate
-            out = window_step_impl(
-                self.config, pparams, dstate, token[:, None], valid, "recurrent", keep_states
-            )
-            dstate = out.state
-            commits.append(out.commit)
-            return out.logits[:, 0]
+            def one(dstate, token):
+                out = window_step_impl(
+                    self.config, pparams, dstate, token[:, None], valid, "recurrent", keep_states
+                )
+                commits.append(out.commit)
+                return out
 
-        out = base.select_drafts(  # every draft runs (the commit data of each is kept)
-            s, lambda i, prev, c: (step(pending if prev is None else prev), c), key, s.k
-        )
-        step(out.drafts[:, -1])  # fold d_k in too: an all-accepted window keeps it
-        scratch = (dstate, stack_commits(commits))
-        return Proposal(out.drafts, out.q, scratch=scratch, conf=out.conf)
+            def step(i, nodes, dstate):
+                out = one(dstate, pending if nodes is None else nodes[:, 0])
+                return out.logits, out.state
 
-    def _propose_tree(self, s, pparams, dstate, pending, active, key) -> Proposal:
-        """The draft model's tree, one depth at a time: a tree window over the rows known so far
-        (deeper rows hold placeholders, which no shallower row sees) gives each node of the
-        current depth its children (top-b greedy, or i.i.d. draws with their q); a last window
-        over the whole tree keeps every row's commit data for ``update``."""
-        shape = s.tree
-        b = pending.shape[0]
-        tokens = jnp.zeros((b, shape.rows), jnp.int32).at[:, 0].set(pending)
-        vocab = 0 if s.sampling.greedy else self.config.vocab_size
-        q = jnp.zeros((b, shape.rows, vocab))  # a row per window row (the root's unused)
-        select = greedy_select if s.sampling.greedy else sampled_children(key)
-        for i, (lo, hi) in enumerate(shape.levels[:-1]):
-            out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
-            ids, q_i = select(out.logits[:, lo:hi], shape.branching[i], i)
-            nxt_lo, nxt_hi = shape.levels[i + 1]
-            tokens = tokens.at[:, nxt_lo:nxt_hi].set(ids.reshape(b, -1))
-            q = q.at[:, nxt_lo:nxt_hi].set(per_child(q_i))
-        out = window_step_tree_impl(self.config, pparams, dstate, tokens, shape, active)
-        return Proposal(tokens[:, 1:], q[:, 1:], scratch=(out.state, out.commit))
+            drafted = base.draft_window(s, w, step, key, pstate)
+            last = one(drafted.carry, drafted.drafts[:, -1])
+            scratch = (last.state, stack_commits(commits))
+            return Proposal(drafted.drafts, drafted.q, scratch=scratch, conf=drafted.conf)
+
+        def tree_window(tokens):
+            return window_step_tree_impl(self.config, pparams, pstate, tokens, w, active)
+
+        def step(i, nodes, tokens):
+            lo, hi = w.levels[i]
+            if nodes is not None:
+                tokens = tokens.at[:, lo:hi].set(nodes)
+            return tree_window(tokens).logits[:, lo:hi], tokens
+
+        tokens = jnp.zeros((pending.shape[0], w.rows), jnp.int32).at[:, 0].set(pending)
+        drafted = base.draft_window(s, w, step, key, tokens)
+        out = tree_window(jnp.concatenate([pending[:, None], drafted.drafts], axis=1))
+        return Proposal(drafted.drafts, drafted.q, scratch=(out.state, out.commit))
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         after, commits = scratch

@@ -7,12 +7,12 @@ one row behind the target once caught up).
   init / update  fold the newly accepted rows (hidden of window row j + the token after it) into
                  the MTP cache; keep the MTP hidden of the last one (row n − 1 pairs the last
                  accepted hidden with the newly emitted token: it predicts draft 1)
-  propose        draft 1 from that hidden through the shared LM head; drafts 2..k chain the MTP
-                 module on its own output hidden (vLLM's rule) on a throw-away copy of the cache;
-                 with a tree (``SpecConfig.tree``), the top-b_i children of every node, chained
-                 along each branch (``models.mtp_tree``); with a draft vocabulary
-                 (``SpecConfig.draft_vocab``) every draft's LM head is the subset's rows
-                 (``DraftHead``) and q is scattered back onto the full vocabulary
+  propose        the window's rows depth by depth: depth 1 from that hidden through the shared
+                 LM head; deeper rows chain the MTP module on its own output hidden along their
+                 branch (vLLM's rule; a chain is the tree of ones, ``SpecConfig.tree`` any
+                 other); with a draft vocabulary (``SpecConfig.draft_vocab``) every draft's LM
+                 head is the subset's rows (``DraftHead``) and q is scattered back onto the full
+                 vocabulary
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mtpspec.decoding import window
 from mtpspec.decoding.proposers import base
 from mtpspec.decoding.proposers.base import Committed, Prefilled, Proposal, Proposer, register
-from mtpspec.decoding.sampling import draft_probs, sample_rows
 from mtpspec.models import inference
-from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl, mtp_window_step_impl
-from mtpspec.models.mtp_tree import greedy_select, mtp_tree_drafts, top_b
+from mtpspec.models.decoder import lm_logits, mtp_window_hidden_impl
+from mtpspec.models.mtp_tree import mtp_rows
 
 
 class MTPState(NamedTuple):
@@ -105,70 +105,55 @@ class MTPProposer(Proposer):
     def propose(
         self, s, params, pparams, pstate, state, pending, active, key, budget=None
     ) -> Proposal:
-        if s.tree is not None:  # b_i children per node, chained along every branch
-            select = greedy_select if s.sampling.greedy else sampled_children(key)
-            drafts, q = mtp_tree_drafts(s.config, params, state, pstate.hidden, s.tree, select)
-            return Proposal(drafts, q)
-        if self.vocab_size:
-            return self._propose_in_vocab(s, params, pparams, pstate, state, key, budget)
-        one = jnp.ones_like(state.lengths)
+        """The window's rows depth by depth (``base.draft_window``): every node's children from
+        the LM head (or the draft vocabulary's rows, ``DraftHead``) on the MTP hidden that
+        predicts them; a node of depth i < d gets one MTP row pairing its predictor's hidden with
+        its token. A chain's rows are written into the MTP cache past its length (never read: the
+        next fold writes over them; no copy of the cache per step); a tree's rows attend to the
+        cache's prefix plus their own ancestors' rows (``models.mtp_tree``), nothing written."""
+        w = window.window(s)
+        dh: DraftHead | None = pparams
+        if dh is None:
+            head, width = (lambda h: lm_logits(s.config, params, h)), None
+        else:
+            head, width = dh.head, dh.ids.shape[0]
 
-        def step(i, previous, carry):  # carry: (hidden, MTP cache, MTP lengths)
-            h, mtp, mtp_lengths = carry
-            if i == 0:
-                return lm_logits(s.config, params, h)[:, 0], carry
-            tmp = state._replace(mtp=mtp, mtp_lengths=mtp_lengths)
-            logits, h, tmp = mtp_window_step_impl(s.config, params, tmp, h, previous[:, None], one)
-            return logits[:, 0], (h, tmp.mtp, tmp.mtp_lengths)
+        def token(nodes):  # the ids the head's logits index, as vocabulary ids
+            return nodes if dh is None else dh.ids[nodes]
 
-        carry = (pstate.hidden, state.mtp, state.mtp_lengths)
-        out = base.select_drafts(s, step, key, s.k, carry, budget)
-        # the chained drafts' rows stay in the MTP cache past its length (never read; the next
-        # fold writes over them): no copy of the cache per step
-        mtp = out.carry[1]
-        return Proposal(out.drafts, out.q, state=state._replace(mtp=mtp), conf=out.conf)
+        if w.is_chain:
+            one = jnp.ones_like(state.lengths)
 
-    def _propose_in_vocab(self, s, params, dh: DraftHead, pstate, state, key, budget) -> Proposal:
-        """The chain with every draft chosen among ``dh.ids`` (logits of the subset head only);
-        the chain feeds each draft's full-vocabulary id to the next MTP step."""
-        one = jnp.ones_like(state.lengths)
+            def step(i, nodes, carry):  # carry: (hidden, MTP cache, MTP lengths)
+                h, mtp, mtp_lengths = carry
+                if i > 0:
+                    tmp = state._replace(mtp=mtp, mtp_lengths=mtp_lengths)
+                    h, tmp = mtp_window_hidden_impl(s.config, params, tmp, h, token(nodes), one)
+                    mtp, mtp_lengths = tmp.mtp, tmp.mtp_lengths
+                return head(h), (h, mtp, mtp_lengths)
 
-        def step(i, previous, carry):  # carry: (hidden, MTP cache, MTP lengths)
-            h, mtp, mtp_lengths = carry
-            if i > 0:
-                token = dh.ids[previous][:, None]
-                tmp = state._replace(mtp=mtp, mtp_lengths=mtp_lengths)
-                h, tmp = mtp_window_hidden_impl(s.config, params, tmp, h, token, one)
-                mtp, mtp_lengths = tmp.mtp, tmp.mtp_lengths
-            return dh.head(h)[:, 0], (h, mtp, mtp_lengths)
+            carry = (pstate.hidden, state.mtp, state.mtp_lengths)
+        else:
 
-        carry = (pstate.hidden, state.mtp, state.mtp_lengths)
-        width = dh.ids.shape[0]
-        out = base.select_drafts(s, step, key, s.k, carry, budget, width)
-        drafts = dh.ids[out.drafts]
-        q = scatter_q(out.q, dh.ids, s.config.vocab_size)
-        mtp = out.carry[1]
-        return Proposal(drafts, q, state=state._replace(mtp=mtp), conf=out.conf)
+            def step(i, nodes, carry):  # carry: (hidden of each node's predictor, own keys)
+                hid, own = carry
+                if i > 0:
+                    parent_hidden = jnp.repeat(hid, w.branching[i - 1], axis=1)
+                    if own is not None:  # the ancestors' keys, repeated for each child
+                        own = tuple(jnp.repeat(x, w.branching[i - 1], axis=1) for x in own)
+                    position = state.mtp_lengths + (i - 1)
+                    hid, own = mtp_rows(
+                        s.config, params, state, parent_hidden, token(nodes), position, own
+                    )
+                return head(hid), (hid, own)
+
+            carry = (pstate.hidden, None)
+        out = base.draft_window(s, w, step, key, carry, budget, width)
+        drafts, q = token(out.drafts), out.q
+        if dh is not None:
+            q = scatter_q(q, dh.ids, s.config.vocab_size)
+        written = state._replace(mtp=out.carry[1]) if w.is_chain else None
+        return Proposal(drafts, q, state=written, conf=out.conf)
 
     def update(self, s, params, pparams, pstate, scratch, done: Committed, key):
         return self._fold(s, params, done.state, done.hidden, done.emitted, done.n)
-
-
-def sampled_children(draws):
-    """``select`` for sampled trees: b children drawn i.i.d. from each node's filtered MTP
-    distribution q, each with q (what lossless multi-candidate verification needs). Rows at
-    temperature 0 take the top b instead, distinct, each with a one-hot q (deterministic
-    candidates, equally lossless): i.i.d. draws from their one-hot q would repeat one token."""
-
-    def select(logits, b: int, depth: int):
-        q = draft_probs(logits, *draws.knobs)  # [batch, n, V]
-        shape = q.shape[:2] + (b, q.shape[-1])
-        ids = sample_rows(draws.fold(depth).keys, jnp.log(jnp.broadcast_to(q[:, :, None], shape)))
-        q = jnp.broadcast_to(q[:, :, None], shape)
-        greedy = (draws.knobs.temperature == 0)[:, None, None]
-        top = top_b(logits, b)
-        ids = jnp.where(greedy, top, ids)
-        q = jnp.where(greedy[..., None], jax.nn.one_hot(top, q.shape[-1], dtype=q.dtype), q)
-        return ids, q
-
-    return select
