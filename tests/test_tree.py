@@ -120,7 +120,8 @@ def _tree_window(model, shape, seed, active=(True, True)):
     config, params, state = model
     tree = TreeShape(shape)
     tokens = jax.random.randint(jax.random.key(seed), (2, tree.rows), 0, config.vocab_size)
-    out = mtree.window_step_tree(config, params, state, tokens, tree, jnp.array(active))
+    valid = jnp.where(jnp.array(active), tree.rows, 0)
+    out = decoder.window_step(config, params, state, tokens, valid, tree=tree)
     return tree, tokens, out
 
 

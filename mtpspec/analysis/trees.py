@@ -53,10 +53,12 @@ def tree_costs(
         return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
 
     def tree(shape):  # with the GDN form decoding runs for it (stages.verify)
-        active = jnp.array([True])
-        native = backend.window_gdn_method(config, "auto", shape.depth + 1, sharded=False) == "ffi"
+        valid = jnp.array([shape.rows], jnp.int32)
+        method = backend.window_gdn_method(config, "auto", shape.depth + 1, sharded=False)
         return job(
-            lambda p, st, x: mtree.window_step_tree_impl(config, p, st, x, shape, active, native),
+            lambda p, st, x: decoder.window_step_impl(
+                config, p, st, x, valid, method, tree=None if shape.is_chain else shape
+            ),
             shape.rows,
         )
 

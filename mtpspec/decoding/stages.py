@@ -26,7 +26,6 @@ from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.sampling import tree_speculative_accept
 from mtpspec.models.decoder import StepOutput, window_step_impl
 from mtpspec.models.state import DecodeState
-from mtpspec.models.tree import window_step_tree_impl
 
 RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
 STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
@@ -40,14 +39,13 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     window runs at 1 + max(m) rows (``adaptive.switch_window``), its outputs padded to k + 1."""
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
     w = window.window(s)
-    if w is not None and not w.is_chain:
-        # the tree window's GDN runs the C++ kernel where a chain's would (or raises OSError)
-        return window_step_tree_impl(s.config, params, state, tokens, w, active, s.backend.native)
     keep_states = s.commit == "states"
     if m is None:
-        valid = jnp.where(active, s.k + 1, 0).astype(jnp.int32)
+        # a tree window's GDN runs the C++ kernel where a chain's would (or raises OSError)
+        tree = None if w is None or w.is_chain else w
+        valid = jnp.where(active, tokens.shape[1], 0).astype(jnp.int32)
         return window_step_impl(
-            s.config, params, state, tokens, valid, s.backend.verify, keep_states
+            s.config, params, state, tokens, valid, s.backend.verify, keep_states, tree=tree
         )
     valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
 

@@ -24,6 +24,7 @@ from mtpspec.config import FULL, ModelConfig
 from mtpspec.models import layers
 from mtpspec.models.inference import Linear
 from mtpspec.models.state import AttentionCache, DecodeState, init_decode_state
+from mtpspec.models.tree import check_tree, tree_layer
 
 
 class StepOutput(NamedTuple):
@@ -59,14 +60,23 @@ def lm_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array
     return layers.linear(hidden, w)
 
 
-def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=False):
+def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=False, tree=None):
+    """x [b, t, H] through every layer: the causal window, or with ``tree`` (a ``TreeShape``)
+    every row over its own path (``models.tree.tree_layer``; its GDN runs the C++ recurrence
+    where ``gdn_method`` is "ffi")."""
     new_caches, commits = [], []
     for i, p in enumerate(params["layers"]):
-        kind = (config.layer_types[i], config.mlp_types[i])
         cache = None if caches is None else caches[i]
-        x, cache, commit = layers.decoder_layer(
-            config, kind, p, x, start, valid, cache, gdn_method, gdn_states
-        )
+        if tree is None:
+            kind = (config.layer_types[i], config.mlp_types[i])
+            x, cache, commit = layers.decoder_layer(
+                config, kind, p, x, start, valid, cache, gdn_method, gdn_states
+            )
+        else:
+            native = gdn_method == "ffi"
+            x, cache, commit = tree_layer(
+                config, config.mlp_types[i], p, x, start, valid > 0, cache, tree, native
+            )
         new_caches.append(cache)
         commits.append(commit)
     return x, tuple(new_caches), tuple(commits)
@@ -99,18 +109,22 @@ def forward_hidden(config: ModelConfig, params: dict, tokens, *, gdn_method: str
 
 
 def window_step_impl(
-    config, params, state, tokens, valid, gdn_method, gdn_states=False, logits_at=None
+    config, params, state, tokens, valid, gdn_method, gdn_states=False, logits_at=None, tree=None
 ):
     """Unjitted body of ``window_step`` (for use inside other jitted code). ``logits_at`` [b]
     (a row per sequence): the LM head runs on that row only and ``logits`` is [b, 1, V] (a
     prefill needs the last prompt row's: the head is a third of a real-size model, and a
-    custom-call head cannot be sliced by XLA after the fact)."""
+    custom-call head cannot be sliced by XLA after the fact). ``tree``: a ``TreeShape`` whose
+    rows the window holds (``models.tree``: row r at position L + depth, keys written at slots
+    L + row, every GDN state per node in the commit data, the lengths as before; ``valid`` > 0
+    marks the active sequences); None: the causal window."""
     x = params["embed"][tokens]
     x, caches, commits = _run_layers(
-        config, params, x, state.lengths, valid, state.layers, gdn_method, gdn_states
+        config, params, x, state.lengths, valid, state.layers, gdn_method, gdn_states, tree
     )
     hidden = layers.norm(config, x, params["final_norm"])
-    new_state = state._replace(layers=caches, lengths=state.lengths + valid)
+    lengths = state.lengths + valid if tree is None else state.lengths
+    new_state = state._replace(layers=caches, lengths=lengths)
     rows = hidden
     if logits_at is not None:
         rows = jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1)
@@ -118,7 +132,7 @@ def window_step_impl(
 
 
 _window_step = compiled.jit(
-    window_step_impl, static_argnames=("config", "gdn_method", "gdn_states")
+    window_step_impl, static_argnames=("config", "gdn_method", "gdn_states", "tree")
 )
 
 
@@ -131,21 +145,30 @@ def window_step(
     *,
     gdn_method: str = "auto",
     gdn_states: bool = False,
+    tree=None,
 ) -> StepOutput:
     """Fold ``tokens`` [b, t] into the state at each sequence's length; ``valid`` [b] (default t)
     says how many are real (the rest is padding and leaves every cache as if absent).
-    ``gdn_states``: also return every per-position GDN state in the commit data."""
+    ``gdn_states``: also return every per-position GDN state in the commit data. ``tree``: a
+    ``TreeShape`` (or its branching) whose rows ``tokens`` are (t = its rows; see
+    ``window_step_impl``; ``valid`` 0 marks an inactive sequence)."""
     check_tokens(config, tokens)
     b, t = tokens.shape
     if b != state.lengths.shape[0]:
         raise ValueError(
             f"tokens batch {b} does not match the state's batch {state.lengths.shape[0]}"
         )
+    if tree is not None:
+        tree = check_tree(tree)
+        if tree.is_chain:
+            tree = None  # a chain's window is the causal one
+        elif tree.rows != t:
+            raise ValueError(f"tree {tree.branching} has {tree.rows} rows; tokens have {t}")
     valid = jnp.full((b,), t, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
     if valid.shape != (b,):
         raise ValueError(f"valid must have shape {(b,)}, got {valid.shape}")
     tokens = jnp.asarray(tokens, jnp.int32)
-    return _window_step(config, params, state, tokens, valid, gdn_method, gdn_states)
+    return _window_step(config, params, state, tokens, valid, gdn_method, gdn_states, None, tree)
 
 
 def prefill(

@@ -13,10 +13,10 @@ the root to it; the window must give each node exactly what a chain over its pat
              path (``ops.causal_conv1d_tree``)
   MLP, norms row by row, as in a chain
 
-``window_step_tree_impl`` returns the logits and hidden of every node, the state with the window's
-keys written (lengths unchanged) and per layer the commit data (``GDNCommit`` with per-node
-states and path-cumulative decays), from which ``decoding.commit.commit_window`` builds the state of
-any node's path exactly.
+``decoder.window_step_impl(..., tree=shape)`` runs these layers (``tree_layer``) and returns the
+logits and hidden of every node, the state with the window's keys written (lengths unchanged) and
+per layer the commit data (``GDNCommit`` with per-node states and path-cumulative decays), from
+which ``decoding.commit.commit_window`` builds the state of any node's path exactly.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec import compiled, ops
+from mtpspec import ops
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention
 from mtpspec.models import layers
-from mtpspec.models.state import AttentionCache, AttentionCommit, DecodeState, GDNCache, GDNCommit
+from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
 # The largest tree window: rows (root included) per verify step. Far above what pays on any
@@ -229,34 +229,20 @@ def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree, nat
     return out, cache, GDNCommit(mixed, k_heads, v, g, beta, aux)
 
 
-def window_step_tree_impl(
-    config: ModelConfig, params, state: DecodeState, tokens, tree, active, native: bool = False
+def tree_layer(
+    config: ModelConfig, mlp_type: str, p: dict, x, lengths, active, cache, tree, native
 ):
-    """Every tree row in one forward: tokens [b, R] (row 0 the pending token), ``active`` [b]
-    bool; ``native``: the GDN recurrence in the C++ kernel (attention follows its block's
-    marker). Returns ``decoder.StepOutput`` (logits [b, R, V], hidden, the state with the window's
-    keys written at slots L + row and everything else — lengths, GDN caches — as before, the
-    commit data per layer)."""
-    from mtpspec.models.decoder import StepOutput, lm_logits
+    """One decoder layer of a tree window (``layers.residual_block`` with the tree mixers): every
+    row over its own path; ``active`` [b] bool; ``native``: the GDN recurrence in the C++ kernel
+    (attention follows its block's marker). Returns (x, new cache: keys written at slots L + row,
+    a GDN cache as before; commit data)."""
 
-    x = params["embed"][tokens]
-    caches, commits = [], []
-    for i, p in enumerate(params["layers"]):
-        cache = state.layers[i]
+    def mixer(h):
+        if "attn" in p:
+            mixed, new = tree_attention(config, p["attn"], h, lengths, cache, tree)
+            return mixed, (new, AttentionCommit())
+        mixed, new, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
+        return mixed, (new, commit)
 
-        def mixer(h, p=p, cache=cache):
-            if "attn" in p:
-                mixed, new = tree_attention(config, p["attn"], h, state.lengths, cache, tree)
-                return mixed, (new, AttentionCommit())
-            mixed, new, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
-            return mixed, (new, commit)
-
-        x, (cache, commit) = layers.residual_block(config, config.mlp_types[i], p, x, mixer)
-        caches.append(cache)
-        commits.append(commit)
-    hidden = layers.norm(config, x, params["final_norm"])
-    new_state = state._replace(layers=tuple(caches))
-    return StepOutput(lm_logits(config, params, hidden), hidden, new_state, tuple(commits))
-
-
-window_step_tree = compiled.jit(window_step_tree_impl, static_argnames=("config", "tree", "native"))
+    x, (cache, commit) = layers.residual_block(config, mlp_type, p, x, mixer)
+    return x, cache, commit

@@ -25,7 +25,6 @@ from mtpspec.models.decoder import window_step_impl
 from mtpspec.models.inference import check_finite_once
 from mtpspec.models.params import check_param_tree
 from mtpspec.models.state import GDNCommit, init_decode_state
-from mtpspec.models.tree import window_step_tree_impl
 from mtpspec.ops import GDNAux
 
 
@@ -122,8 +121,10 @@ class DraftModelProposer(Proposer):
             scratch = (last.state, stack_commits(commits))
             return Proposal(drafted.drafts, drafted.q, scratch=scratch, conf=drafted.conf)
 
+        valid = jnp.where(active, w.rows, 0).astype(jnp.int32)
+
         def tree_window(tokens):
-            return window_step_tree_impl(self.config, pparams, pstate, tokens, w, active)
+            return window_step_impl(self.config, pparams, pstate, tokens, valid, "auto", tree=w)
 
         def step(i, nodes, tokens):
             lo, hi = w.levels[i]
