@@ -285,11 +285,6 @@ def speculative_accept(
     return node, token  # a chain's accepted row is its count of accepted drafts
 
 
-def draft_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p=0.0) -> jax.Array:
-    """The proposer's q for sampled drafts ([..., V])."""
-    return jnp.exp(filtered_log_probs(logits, temperature, top_k, top_p, min_p))
-
-
 def sample_rows(keys, logp) -> jax.Array:
     """One draw per row key from log-probabilities [b, ..., V] (independent per element)."""
     return _categorical_rows(keys, logp)
