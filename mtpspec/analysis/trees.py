@@ -56,9 +56,7 @@ def tree_costs(
         valid = jnp.array([shape.rows], jnp.int32)
         method = backend.window_gdn_method(config, "auto", shape.depth + 1, sharded=False)
         return job(
-            lambda p, st, x: decoder.window_step_impl(
-                config, p, st, x, valid, method, tree=None if shape.is_chain else shape
-            ),
+            lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method, tree=shape),
             shape.rows,
         )
 

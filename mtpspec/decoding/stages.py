@@ -42,10 +42,9 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     keep_states = s.commit == "states"
     if m is None:
         # a tree window's GDN runs the C++ kernel where a chain's would (or raises OSError)
-        tree = None if w is None or w.is_chain else w
         valid = jnp.where(active, tokens.shape[1], 0).astype(jnp.int32)
         return window_step_impl(
-            s.config, params, state, tokens, valid, s.backend.verify, keep_states, tree=tree
+            s.config, params, state, tokens, valid, s.backend.verify, keep_states, tree=w
         )
     valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
 

@@ -117,7 +117,9 @@ def window_step_impl(
     custom-call head cannot be sliced by XLA after the fact). ``tree``: a ``TreeShape`` whose
     rows the window holds (``models.tree``: row r at position L + depth, keys written at slots
     L + row, every GDN state per node in the commit data, the lengths as before; ``valid`` > 0
-    marks the active sequences); None: the causal window."""
+    marks the active sequences); None, or a chain (the tree of ones): the causal window."""
+    if tree is not None and tree.is_chain:
+        tree = None
     x = params["embed"][tokens]
     x, caches, commits = _run_layers(
         config, params, x, state.lengths, valid, state.layers, gdn_method, gdn_states, tree
@@ -160,9 +162,7 @@ def window_step(
         )
     if tree is not None:
         tree = check_tree(tree)
-        if tree.is_chain:
-            tree = None  # a chain's window is the causal one
-        elif tree.rows != t:
+        if tree.rows != t:
             raise ValueError(f"tree {tree.branching} has {tree.rows} rows; tokens have {t}")
     valid = jnp.full((b,), t, jnp.int32) if valid is None else jnp.asarray(valid, jnp.int32)
     if valid.shape != (b,):
