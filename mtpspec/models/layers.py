@@ -411,17 +411,33 @@ def decoder_layer(
     gdn_method: str,
     gdn_states: bool = False,
 ):
-    """Pre-norm residual layer (``residual_block`` with the layer's mixer). Returns (x, new
-    cache, commit data: ``AttentionCommit`` or ``GDNCommit``)."""
+    """Pre-norm residual layer of the causal window (``hybrid_layer``). Returns (x, new cache,
+    commit data: ``AttentionCommit`` or ``GDNCommit``)."""
+    return hybrid_layer(
+        config,
+        kind[1],
+        p,
+        x,
+        lambda h, pa: attention(config, pa, h, start, valid, cache),
+        lambda h, pg: gdn(config, pg, h, valid, cache, gdn_method, gdn_states),
+    )
+
+
+def hybrid_layer(config: ModelConfig, mlp_type: str, p: dict, x: jax.Array, attend, mix_gdn):
+    """One layer of the hybrid trunk in any window form: ``residual_block`` whose mixer is
+    ``attend(h, p["attn"]) -> (out, new cache)`` on an attention layer and
+    ``mix_gdn(h, p["gdn"]) -> (out, new cache, GDNCommit)`` on a GDN layer (the causal window's
+    ``decoder_layer``, a tree window's ``models.tree.tree_layer``). Returns (x, new cache,
+    commit data)."""
 
     def mixer(h):
         if "attn" in p:
-            mixed, new = attention(config, p["attn"], h, start, valid, cache)
+            mixed, new = attend(h, p["attn"])
             return mixed, (new, AttentionCommit())
-        mixed, new, commit = gdn(config, p["gdn"], h, valid, cache, gdn_method, gdn_states)
+        mixed, new, commit = mix_gdn(h, p["gdn"])
         return mixed, (new, commit)
 
-    x, (cache, commit) = residual_block(config, kind[1], p, x, mixer)
+    x, (cache, commit) = residual_block(config, mlp_type, p, x, mixer)
     return x, cache, commit
 
 

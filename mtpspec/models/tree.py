@@ -34,7 +34,7 @@ from mtpspec import ops
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention
 from mtpspec.models import layers
-from mtpspec.models.state import AttentionCache, AttentionCommit, GDNCache, GDNCommit
+from mtpspec.models.state import AttentionCache, GDNCache, GDNCommit
 
 HIGHEST = jax.lax.Precision.HIGHEST
 # The largest tree window: rows (root included) per verify step. Far above what pays on any
@@ -232,17 +232,15 @@ def tree_gdn(config: ModelConfig, p: dict, x, active, cache: GDNCache, tree, nat
 def tree_layer(
     config: ModelConfig, mlp_type: str, p: dict, x, lengths, active, cache, tree, native
 ):
-    """One decoder layer of a tree window (``layers.residual_block`` with the tree mixers): every
+    """One decoder layer of a tree window (``layers.hybrid_layer`` with the tree mixers): every
     row over its own path; ``active`` [b] bool; ``native``: the GDN recurrence in the C++ kernel
     (attention follows its block's marker). Returns (x, new cache: keys written at slots L + row,
     a GDN cache as before; commit data)."""
-
-    def mixer(h):
-        if "attn" in p:
-            mixed, new = tree_attention(config, p["attn"], h, lengths, cache, tree)
-            return mixed, (new, AttentionCommit())
-        mixed, new, commit = tree_gdn(config, p["gdn"], h, active, cache, tree, native)
-        return mixed, (new, commit)
-
-    x, (cache, commit) = layers.residual_block(config, mlp_type, p, x, mixer)
-    return x, cache, commit
+    return layers.hybrid_layer(
+        config,
+        mlp_type,
+        p,
+        x,
+        lambda h, pa: tree_attention(config, pa, h, lengths, cache, tree),
+        lambda h, pg: tree_gdn(config, pg, h, active, cache, tree, native),
+    )
