@@ -10,12 +10,16 @@ from __future__ import annotations
 import os
 import pathlib
 
-# LLVM -O0 for the suite's XLA CPU programs: compiles take about half as long, and every
-# comparison here is program against oracle, both IEEE float (XLA CPU does not enable fast-math
-# by default), so the optimisation level changes no verdict. Set before the backend starts;
-# subprocesses (the 8-device suite, notebooks, the mini bench) inherit it. Opt out by setting
-# any --xla_backend_optimization_level in XLA_FLAGS yourself.
+# Two optimisation levels. The decoding programs (everything ``generate``, ``prepare`` and
+# ``Program`` compile, through ``program.CPU_COMPILER_OPTIONS``) compile at XLA's default level,
+# 3 — the code users run — so every spec == greedy, commit and kernel-in-the-loop oracle is a
+# statement about that code. Everything else in this process (the oracles' own forward passes,
+# op-by-op jits, training steps) compiles at LLVM -O0, about half the compile time: those are
+# the slow, obviously-correct side of each comparison. Set before the backend starts;
+# subprocesses (the 8-device suite, notebooks, the CLIs) inherit -O0 for all their programs.
+# Opt out by setting any --xla_backend_optimization_level in XLA_FLAGS yourself.
 SUITE_O0 = "--xla_backend_optimization_level=0"
+USERS_LEVEL = {"xla_backend_optimization_level": 3}  # XLA's default (DebugOptions)
 ADDED_O0 = "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")
 if ADDED_O0:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_O0).strip()
@@ -29,6 +33,18 @@ import pytest  # noqa: E402
 _CACHE_SETTING = os.environ.get(
     "MTPSPEC_TEST_JAX_CACHE", str(pathlib.Path(__file__).parent.parent / ".jax_cache")
 )
+if ADDED_O0:
+    from mtpspec.decoding import program as _program
+
+    _program.CPU_COMPILER_OPTIONS.update(USERS_LEVEL)
+
+
+def users_jit(fun, **kw):
+    """``jax.jit(fun)`` compiled at XLA's default level (``USERS_LEVEL``), for an exactness
+    oracle that calls decoding's pieces (a commit, a window) outside a decoding program."""
+    return jax.jit(fun, compiler_options=USERS_LEVEL if ADDED_O0 else None, **kw)
+
+
 if _CACHE_SETTING != "off":
     jax.config.update("jax_compilation_cache_dir", _CACHE_SETTING)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

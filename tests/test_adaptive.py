@@ -51,8 +51,10 @@ def plain(model):
 # ---- exactness ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("commit", ["scan", "states", "replay"])
-@pytest.mark.parametrize("p_min,policy", [(0.3, False), (0.0, True), (0.6, True)])
+# each commit with one of the three cut-off settings (the 3 x 3 product compiles 9 programs)
+@pytest.mark.parametrize(
+    "commit, p_min, policy", [("scan", 0.3, False), ("states", 0.0, True), ("replay", 0.6, True)]
+)
 def test_mtp_greedy_equals_plain_greedy(model, plain, commit, p_min, policy):
     config, params = model
     spec = _spec(num_draft=3, commit=commit, p_min=p_min, adaptive=policy)

@@ -17,6 +17,7 @@ from mtpspec.kernels import cpu_attention, cpu_linear, settings
 from mtpspec.kernels.settings import KernelSettings
 from mtpspec.models import layers
 from mtpspec.models.inference import AttentionCore, resolve_attention
+from tests.conftest import users_jit
 from tests.isa_testing import with_isa
 
 built = pytest.mark.skipif(not cpu_attention.available(), reason=cpu_attention.status()[1])
@@ -49,7 +50,7 @@ def test_kernel_equals_the_xla_form(shape):
     q, k, v, pos = _inputs(sum(shape), *shape)
     d = shape[4]
     want = layers.cached_attention(q, k, v, pos)
-    got = jax.jit(lambda *a: cpu_attention.apply(*a, d**-0.5))(q, k, v, pos)
+    got = users_jit(lambda *a: cpu_attention.apply(*a, d**-0.5))(q, k, v, pos)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
 
 
@@ -69,7 +70,7 @@ def test_the_helper_thread_changes_no_bit(t):
     row, its arithmetic is the same."""
     q, k, v, pos = _inputs(10 + t, 2, t, 8, 2, 64, 300)
     got = []
-    f = jax.jit(lambda *a: cpu_attention.apply(*a, 0.125))
+    f = users_jit(lambda *a: cpu_attention.apply(*a, 0.125))
     for threads in (1, 2, 3):
         with settings.use(KernelSettings(attention_threads=threads)):
             assert f"threads = {threads} : i64" in f.lower(q, k, v, pos).as_text()
@@ -167,7 +168,7 @@ def test_kernel_runs_inside_jit_and_while_loop():
 
     def run(fn):
         body = lambda i, acc: acc + fn(q * (i + 1.0), k, v, pos)  # noqa: E731
-        return jax.jit(lambda: jax.lax.fori_loop(0, 4, body, jnp.zeros(q.shape)))()
+        return users_jit(lambda: jax.lax.fori_loop(0, 4, body, jnp.zeros(q.shape)))()
 
     got = run(lambda *a: cpu_attention.apply(*a, 0.25))
     want = run(lambda q, k, v, p: layers.cached_attention(q * 0.25 / 16**-0.5, k, v, p))
@@ -285,7 +286,7 @@ def test_tree_kernel_equals_the_masked_xla_form(shape):
     poisoned = cpu_attention.apply_tree(q, k_bad, v_bad, lengths, tree.ancestor_mask, d**-0.5)
     np.testing.assert_array_equal(poisoned, got)
     with settings.use(KernelSettings(attention_threads=1)):
-        alone = jax.jit(lambda *a: cpu_attention.apply_tree(*a, tree.ancestor_mask, d**-0.5))(
+        alone = users_jit(lambda *a: cpu_attention.apply_tree(*a, tree.ancestor_mask, d**-0.5))(
             q, k, v, lengths
         )
     np.testing.assert_array_equal(alone, got)

@@ -16,6 +16,7 @@ from mtpspec.kernels import cpu_gdn, cpu_linear, settings
 from mtpspec.kernels.settings import KernelSettings
 from mtpspec.ops.gdn import api as gdn_api
 from tests.gdn_testing import random_gdn_inputs, rel_err
+from tests.conftest import users_jit
 from tests.isa_testing import with_isa
 
 built = pytest.mark.skipif(not cpu_gdn.available(), reason=cpu_gdn.status()[1])
@@ -105,7 +106,7 @@ def test_kernel_runs_inside_jit_and_while_loop():
             )
             return s
 
-        return jax.jit(lambda s: jax.lax.fori_loop(0, 5, body, s))(s0)
+        return users_jit(lambda s: jax.lax.fori_loop(0, 5, body, s))(s0)
 
     assert rel_err(steps("ffi"), steps("recurrent")) <= 1e-5
 
@@ -240,7 +241,7 @@ def test_native_replay_commit_equals_the_closed_form_for_every_count(dims):
     k = jnp.asarray(rng.standard_normal((b, t, h, dk)), jnp.float32)
     u = jnp.asarray(rng.standard_normal((b, t, h, dv)), jnp.float32)
     g_cum = jnp.cumsum(-jnp.asarray(rng.random((b, t, h)), jnp.float32) * 2.0, axis=1)
-    native = jax.jit(cpu_gdn.commit)
+    native = users_jit(cpu_gdn.commit)
     for j in range(t + 1):
         n = jnp.asarray([j, t - j, min(j + 2, t)], jnp.int32)
         want = ops.state_after(s0, k, ops.GDNAux(u, g_cum), n)
@@ -256,7 +257,7 @@ def test_native_commit_takes_the_final_state_as_is_for_a_whole_window():
     o, final, aux = _ffi((q, k, v, g, beta, s0))
     k_heads = ops.expand_key_heads(k, 4)
     n = jnp.asarray([4, 2, 0], jnp.int32)
-    native = jax.jit(cpu_gdn.commit)
+    native = users_jit(cpu_gdn.commit)
     with_final = native(s0, k_heads, aux.u, aux.g_cum, n, final)
     without = native(s0, k_heads, aux.u, aux.g_cum, n)
     np.testing.assert_array_equal(with_final[0], final[0])
@@ -285,7 +286,7 @@ def test_the_helper_thread_changes_no_bit(t):
     (JAX's caches key on ``settings.use``; the lowered call must carry it)."""
     q, k, v, g, beta, s0 = random_gdn_inputs(t, 2, t, 2, 4, 64, 32)
     got = []
-    fn = jax.jit(lambda *a: cpu_gdn.apply(*a, 0.125, True))
+    fn = users_jit(lambda *a: cpu_gdn.apply(*a, 0.125, True))
     for threads in (1, 2, 3):
         with settings.use(KernelSettings(gdn_threads=threads)):
             assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()
@@ -316,7 +317,7 @@ def test_the_tree_walk_shares_heads_without_changing_a_bit():
     tree = TreeShape((2, 2, 2, 1))
     q, k, v, g, beta, s0 = random_gdn_inputs(3, 2, tree.rows, 2, 2, 64, 64)
     got = []
-    fn = jax.jit(lambda *a: cpu_gdn.apply_tree(*a, tree.parent, 0.125))
+    fn = users_jit(lambda *a: cpu_gdn.apply_tree(*a, tree.parent, 0.125))
     for threads in (1, 2):
         with settings.use(KernelSettings(gdn_threads=threads)):
             assert f"threads = {threads} : i64" in fn.lower(q, k, v, g, beta, s0).as_text()

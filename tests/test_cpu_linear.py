@@ -28,6 +28,7 @@ from mtpspec.models.inference import (
     resolve_attention,
     resolve_linear,
 )
+from tests.conftest import users_jit
 
 COMPILER = shutil.which("c++") or shutil.which("g++")
 built = pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
@@ -52,7 +53,7 @@ def _check_isa(rows, d_in, d_out, seed, scale):
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((rows, d_in)) * scale).astype(np.float32)
     w = rng.standard_normal((d_in, d_out)).astype(np.float32)
-    y = np.asarray(jax.jit(cpu_linear.apply, static_argnums=2)(x, cpu_linear.pack(w), d_out))
+    y = np.asarray(users_jit(cpu_linear.apply, static_argnums=2)(x, cpu_linear.pack(w), d_out))
     ref = x.astype(np.float64) @ w.astype(np.float64)
     bound = 1e-5 * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64)) + 1e-6
     assert y.shape == (rows, d_out) and y.dtype == np.float32
@@ -92,7 +93,7 @@ def test_avx512_pairs_change_no_value(rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 70)).astype(np.float32)
     w = rng.standard_normal((70, 48)).astype(np.float32)
-    f = jax.jit(cpu_linear.apply, static_argnums=2)
+    f = users_jit(cpu_linear.apply, static_argnums=2)
     with kernel_settings.use(KernelSettings(isa="avx512")):
         paired = np.asarray(f(x, cpu_linear.pack(w), 48))  # tiles 0-1 paired, tile 2 alone
         for t in range(3):
@@ -113,7 +114,7 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
     x = rng.standard_normal((131, d_in)).astype(np.float32)
     w = rng.standard_normal((d_in, 40)).astype(np.float32)
     wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
-    f = jax.jit(cpu_linear.apply, static_argnums=2)
+    f = users_jit(cpu_linear.apply, static_argnums=2)
     by_isa = []
     for isa in ISAS:  # one jitted f: JAX's caches key on the settings, so each ISA is traced
         with kernel_settings.use(KernelSettings(isa=isa)):
@@ -157,7 +158,7 @@ def test_kernel_inside_a_while_loop_matches_xla():
             y = cpu_linear.apply(x, wp, 48) if use_ffi else jnp.dot(x, w, precision="highest")
             return jnp.tanh(y)
 
-        return jax.jit(lambda x: jax.lax.fori_loop(0, 20, body, x))(x0)
+        return users_jit(lambda x: jax.lax.fori_loop(0, 20, body, x))(x0)
 
     np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-6)
 
@@ -178,8 +179,8 @@ def test_an_input_split_in_heads_goes_in_as_is(impl):
     w = jnp.asarray(rng.standard_normal((96, 40)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((2, 3, 4, 24)), jnp.float32)
     lin = Linear.of(w, impl)
-    flat = jax.jit(lambda x: lin(x.reshape(2, 3, 96)))(x)
-    heads = jax.jit(lambda x: lin(x, heads=True))(x)
+    flat = users_jit(lambda x: lin(x.reshape(2, 3, 96)))(x)
+    heads = users_jit(lambda x: lin(x, heads=True))(x)
     assert heads.shape == (2, 3, 40)
     np.testing.assert_array_equal(heads, flat)
     with pytest.raises(ValueError, match="input width 96"):
@@ -268,7 +269,7 @@ def test_prefetch_and_threads_change_no_value(rows):
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 96)).astype(np.float32)
     wp = cpu_linear.pack(rng.standard_normal((96, 200)).astype(np.float32))
-    f = jax.jit(lambda a, b: cpu_linear.apply(a, b, 200))  # retraced per setting (JAX's caches)
+    f = users_jit(lambda a, b: cpu_linear.apply(a, b, 200))  # retraced per setting (JAX's caches)
     for isa in ISAS:
         got = []
         for prefetch, threads in ((0, 1), (64, 1), (64, 2), (8, 2)):
@@ -340,7 +341,7 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
         rng = np.random.default_rng(rows * 7 + d_in)
         x = rng.standard_normal((rows, d_in)).astype(np.float32)
         w = jnp.asarray(rng.standard_normal((d_in, d_out)), jnp.bfloat16)
-        f = jax.jit(cpu_linear.apply, static_argnums=2)
+        f = users_jit(cpu_linear.apply, static_argnums=2)
         wp = cpu_linear.pack(w, jnp.bfloat16)
         assert cpu_linear.stored_dtype(wp) == jnp.bfloat16 and wp.dtype == jnp.uint16
         assert wp.shape == cpu_linear.packed_shape(d_in, d_out)

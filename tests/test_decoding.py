@@ -3,6 +3,7 @@ greedy token for token, and the loop's contracts (compiles, capacity, eos, strea
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import hypothesis.strategies as st
@@ -18,6 +19,7 @@ from mtpspec import config as C
 from mtpspec.decoding import commit_window, ngram_propose, rewind_kv_only
 from mtpspec.kernels import cpu_gdn
 from mtpspec.models import GDNCache
+from tests.conftest import users_jit
 from tests.gdn_testing import rel_err
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "hf"
@@ -57,14 +59,16 @@ def test_commit_matches_fresh_replay_for_every_accepted_length(moe_model, strate
     pre = models.prefill(config, params, seq[:, :6], capacity=32)
     snapshot, window = pre.state, seq[:, 6:]
     verified = models.window_step(config, params, snapshot, window, gdn_states=strategy == "states")
+    commit = users_jit(commit_window, static_argnames=("strategy", "native"))
     for j in range(k + 2):
         n = jnp.asarray([j, k + 1 - j], jnp.int32)
-        got = commit_window(snapshot, verified.state, verified.commit, n, strategy, native)
+        got = commit(snapshot, verified.state, verified.commit, n, strategy=strategy, native=native)
         # the same commit's gathered (tree) form along the chain's path, rows 0..k in place
         path = jnp.broadcast_to(jnp.arange(k + 1, dtype=jnp.int32), (2, k + 1))
-        gathered = commit_window(
-            snapshot, verified.state, verified.commit, n, strategy, native, rows=path
-        )
+        gathered = commit(
+            snapshot, verified.state, verified.commit, n, strategy=strategy, native=native,
+            rows=path,
+        )  # fmt: skip
         fresh = models.window_step(config, params, snapshot, window, n).state
         np.testing.assert_array_equal(got.lengths, fresh.lengths)
         np.testing.assert_array_equal(gathered.lengths, fresh.lengths)
@@ -105,9 +109,17 @@ def test_negative_control_kv_only_rewind_leaves_gdn_state_wrong(moe_model):
 # ---- speculative greedy == plain greedy ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 7])
-@pytest.mark.parametrize("strategy", ["scan", "states", "replay"])
-@pytest.mark.parametrize("proposer", ["mtp", "ngram"])
+# Every (commit, k) pair, and every proposer with every commit and every k (a pairwise cover of
+# proposer x commit x k: 12 programs where the full product compiles 24).
+PAIRWISE = [
+    (proposer, strategy, k)
+    for i, k in enumerate([1, 2, 4, 7])
+    for j, strategy in enumerate(["scan", "states", "replay"])
+    for proposer in [("mtp", "ngram")[(i + j) % 2]]
+]
+
+
+@pytest.mark.parametrize("proposer, strategy, k", PAIRWISE)
 def test_speculative_greedy_equals_plain_greedy(moe_model, plain_moe, proposer, strategy, k):
     config, params = moe_model
     spec = mtpspec.SpecConfig(proposer=proposer, num_draft=k, commit=strategy)
@@ -137,19 +149,28 @@ def test_ngram_drafts_are_accepted_on_repetitive_text(moe_model, plain_moe):
     assert max(result.stats["accepted"][0]) >= 2
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5", "qwen3_5_moe"])
-def fixture_model(request):
-    config, params = checkpoints.load_hf(FIXTURES / request.param, dtype="float32")
-    return config, params, np.load(FIXTURES / request.param / "reference.npz")
+@functools.cache
+def fixture_model(name):
+    config, params = checkpoints.load_hf(FIXTURES / name, dtype="float32")
+    return config, params, np.load(FIXTURES / name / "reference.npz")
+
+
+# Plain greedy on every fixture, and each speculative form on one of them (every family, both
+# proposers and three commits are covered; the full product compiles twice as many programs).
+FIXTURE_RUNS = [
+    ("qwen3_next", None), ("qwen3_5", None), ("qwen3_5_moe", None),
+    ("qwen3_next", ("mtp", 3, "scan")), ("qwen3_5", ("ngram", 2, "replay")),
+    ("qwen3_5_moe", ("mtp", 2, "states")),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    "spec",
-    [None, ("mtp", 3, "scan"), ("ngram", 2, "replay"), ("mtp", 2, "states")],
-    ids=["plain", "mtp-scan", "ngram-replay", "mtp-states"],
+    "name, spec",
+    FIXTURE_RUNS,
+    ids=[f"{n}-{s[0] + '-' + s[2] if s else 'plain'}" for n, s in FIXTURE_RUNS],
 )
-def test_fixture_checkpoints_decode_exactly_like_transformers(fixture_model, spec):
-    config, params, ref = fixture_model
+def test_fixture_checkpoints_decode_exactly_like_transformers(name, spec):
+    config, params, ref = fixture_model(name)
     prompts = ref["prompt_ids"].tolist()
     speculative = None if spec is None else mtpspec.SpecConfig(*spec)
     n = ref["generated_ids"].shape[1]

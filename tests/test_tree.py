@@ -25,6 +25,7 @@ from mtpspec.models import GDNCache, decoder
 from mtpspec.models import tree as mtree
 from mtpspec.models.tree import TreeShape
 from tests import test_sampling as sampling_tests
+from tests.conftest import users_jit
 from tests.gdn_testing import random_gdn_inputs, rel_err
 
 SHAPES = [(1,), (2,), (3, 1), (2, 2), (1, 3, 2), (2, 1, 2)]
@@ -158,7 +159,7 @@ def test_commit_of_every_node_equals_a_fresh_replay_of_its_path(model, shape):
         rows = dwindow.path_rows(tree, node)
         return commit_window(snapshot, verified, commits, n, strategy, rows=rows)
 
-    commit = jax.jit(commit_path, static_argnames=("tree", "strategy"))
+    commit = users_jit(commit_path, static_argnames=("tree", "strategy"))
     for r in range(tree.rows):
         node = jnp.array([r, r], jnp.int32)
         n = jnp.full((2,), tree.row_depth[r] + 1, jnp.int32)
