@@ -15,8 +15,8 @@ from mtpspec import decoding, models, ops
 from mtpspec.kernels import cpu_gdn, cpu_linear, settings
 from mtpspec.kernels.settings import KernelSettings
 from mtpspec.ops.gdn import api as gdn_api
-from tests.gdn_testing import random_gdn_inputs, rel_err
 from tests.conftest import users_jit
+from tests.gdn_testing import random_gdn_inputs, rel_err
 from tests.isa_testing import with_isa
 
 built = pytest.mark.skipif(not cpu_gdn.available(), reason=cpu_gdn.status()[1])

@@ -292,9 +292,10 @@ def test_inference_trees_are_memoized_by_leaf_identity(model):
     assert MEMO.get(config, mutable, "xla") is not MEMO.get(config, mutable, "xla")
 
 
-@pytest.mark.parametrize("k", [1, 3])
-def test_every_linear_emits_the_same_tokens(model, k):
+def test_every_linear_emits_the_same_tokens(model):
+    """Plain and n-gram k = 3 (a 4-row window; the kernel's row counts 1..8 are checked above)."""
     config, params = model
+    k = 3
     prompts = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3], [5, 3]]
     impls = ["xla", "ffi"] if cpu_linear.available() else ["xla"]
     plain = {

@@ -104,7 +104,7 @@ def test_sharded_generation_emits_the_single_device_tokens(
         assert got.stats["tau"] > 1.0
 
 
-@pytest.mark.parametrize("shape", MESHES, ids=["1x8", "2x4"])
+@pytest.mark.parametrize("shape", MESHES[1:], ids=["2x4"])  # data and model axes both split
 def test_sharded_tree_speculation_emits_the_single_device_tokens(model, reference, shape):
     """A draft tree (MTP, 2x2) under a mesh: plain greedy's tokens and the single-device tree
     run's per-step acceptance."""
@@ -205,7 +205,7 @@ def test_training_step_gives_the_same_loss_and_update(model):
     batch = np.random.default_rng(1).integers(0, CONFIG.vocab_size, (4, 17)).astype(np.int32)
     step = train_lib.make_train_step(CONFIG, TC, opt)
     ref_p, _, ref_m = step(params, opt.init(params), jnp.asarray(batch))
-    for shape in MESHES:
+    for shape in MESHES[:1]:  # 1x8 (the checkpoint test below trains on 2x4)
         mesh = sharding.make_mesh(*shape)
         sstep = train_lib.make_train_step(CONFIG, TC, opt, mesh=mesh)
         opt_state = train_lib.init_opt_state(CONFIG, opt, params, mesh=mesh)
