@@ -4,7 +4,6 @@ against the canonical one, every implementation's tokens against the others'."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import jax
@@ -366,10 +365,12 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
 def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights():
     """linear='ffi' keeps a bf16 model's matrices bf16 in the packed tree and computes in float32:
     the tokens of the float32 model on the widened weights, log-probs within float32 rounding of
-    its (bit for bit under the suite's LLVM -O0; at XLA's default level the two programs, the
-    same HLO but for the weights' types, differ in last bits: 25 of 32 log-probs by <= 1.1e-6,
-    BUILD_NOTES nineteenth session), and speculative greedy equals plain greedy."""
+    its (bit for bit with the programs at LLVM -O0; at XLA's default level the two programs,
+    the same HLO but for the weights' types, differ in last bits: 25 of 32 log-probs by
+    <= 1.1e-6, BUILD_NOTES nineteenth session), and speculative greedy equals plain greedy."""
     import dataclasses
+
+    from mtpspec.decoding import program
 
     config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
     p32 = models.init_params(config, jax.random.key(3), norm_scale=0.1)
@@ -378,11 +379,17 @@ def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights(
     widened = jax.tree.map(lambda x: x.astype(jnp.float32), pb)
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
     run = dict(max_new_tokens=16, return_logprobs=True, linear="ffi")
-    got = mtpspec.generate(bf16, pb, prompts, **run)
-    want = mtpspec.generate(config, widened, prompts, **run)
-    assert got.tokens == want.tokens
-    if "xla_backend_optimization_level=0" in os.environ.get("XLA_FLAGS", ""):
-        np.testing.assert_array_equal(np.array(got.logprobs), np.array(want.logprobs))
+    level = "xla_backend_optimization_level"
+    with pytest.MonkeyPatch.context() as m:  # both programs at -O0: the same bits
+        m.setitem(program.CPU_COMPILER_OPTIONS, level, 0)
+        at_o0 = [mtpspec.generate(c, p, prompts, **run) for c, p in ((bf16, pb), (config, widened))]
+    assert at_o0[0].tokens == at_o0[1].tokens
+    np.testing.assert_array_equal(np.array(at_o0[0].logprobs), np.array(at_o0[1].logprobs))
+    with pytest.MonkeyPatch.context() as m:  # XLA's default level (users'): last bits only
+        m.setitem(program.CPU_COMPILER_OPTIONS, level, 3)
+        got = mtpspec.generate(bf16, pb, prompts, **run)
+        want = mtpspec.generate(config, widened, prompts, **run)
+    assert got.tokens == want.tokens == at_o0[0].tokens
     np.testing.assert_allclose(np.array(got.logprobs), np.array(want.logprobs), rtol=4e-6)
     tree = MEMO.get(inference_compute(bf16), pb, "ffi")
     assert cpu_linear.stored_dtype(tree["lm_head"].w) == jnp.bfloat16  # packed bf16

@@ -176,6 +176,25 @@ def test_changing_a_kernel_setting_after_a_compile_compiles_a_new_program(model)
     assert run().tokens == first and decoding.compile_count() == compiled
 
 
+def test_other_compiler_options_are_another_program(model, monkeypatch):
+    """The XLA options a decoding program is compiled with are part of its cache entry: a
+    program compiled under other options is never handed out for these, and back to the first
+    options reuses the first program."""
+    from mtpspec.decoding import program
+
+    config, params = model
+    run = functools.partial(decoding.generate, config, params, PROMPTS, max_new_tokens=6)
+    first = run().tokens
+    before = decoding.compile_count()
+    if jax.default_backend() != "cpu":
+        pytest.skip("decoding's compiler options are CPU options")
+    level = program.CPU_COMPILER_OPTIONS.get("xla_backend_optimization_level", 3)
+    with monkeypatch.context() as m:
+        m.setitem(program.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level", 0 if level else 3)
+        assert run().tokens == first and decoding.compile_count() == before + 1
+    assert run().tokens == first and decoding.compile_count() == before + 1
+
+
 def test_equal_spec_configs_are_equal(model):
     """A notebook builds ``SpecConfig("mtp", 2)`` twice: the two are equal and hash alike (they
     compared by identity before); a different setting or another draft-weights object is not

@@ -325,8 +325,16 @@ class ProgramCache:
 
     @staticmethod
     def signature(s: ProgramKey, args) -> tuple:
+        """What makes two programs one: the key, the weights' tree, every argument's shape and
+        dtype, and the XLA options it is compiled with (changed options: another program)."""
         leaves = jax.tree.leaves(args)
-        return (s, jax.tree.structure(args[0]), tuple((x.shape, str(x.dtype)) for x in leaves))
+        options = tuple(sorted((compiler_options() or {}).items()))
+        return (
+            s,
+            jax.tree.structure(args[0]),
+            tuple((x.shape, str(x.dtype)) for x in leaves),
+            options,
+        )
 
     def __contains__(self, sig) -> bool:
         return sig in self._entries
