@@ -218,8 +218,9 @@ def test_training_step_gives_the_same_loss_and_update(model):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
         w = got_p["layers"][0]["gdn"]["w_out"]
         assert w.sharding.spec == P(sharding.MODEL, None)
+    sstep = train_lib.make_train_step(CONFIG, TC, opt, mesh=sharding.make_mesh(2, 4))
     with pytest.raises(ValueError, match="does not divide by the data axis"):
-        sstep(params, opt_state, batch[:3])
+        sstep(params, opt_state, batch[:3])  # refused before any compile
 
 
 def test_sharded_train_checkpoints_and_resumes_in_its_layout(tmp_path, model):
