@@ -129,6 +129,7 @@ def test_each_row_draws_as_if_alone(model, proposer):
     spec = None if proposer is None else mtpspec.SpecConfig(proposer=proposer, num_draft=3)
     temps, tops, seeds = [0.0, 1.0, 0.8], [0, 0, 6], [7, 8, 9]
     batch = _gen(model, speculative=spec, temperature=temps, top_k=tops, seed=seeds)
+    assert batch.logprobs is None  # not asked for
     greedy = _gen(model)
     assert batch.tokens[0] == greedy.tokens[0]
     for i, prompt in enumerate(PROMPTS):
@@ -216,7 +217,6 @@ def test_logprobs_are_the_models_own_log_softmax(model, proposer):
         logp = jax.nn.log_softmax(models.forward(config, params, seq)[0], axis=-1)
         want = [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(toks)]
         np.testing.assert_allclose(lps, want, atol=2e-4)
-    assert _gen(model, speculative=spec).logprobs is None
 
 
 def test_logprobs_of_sampled_rows(model):
