@@ -337,14 +337,15 @@ def draft_model():
     return config, models.init_params(config, jax.random.key(11), norm_scale=0.1)
 
 
-@pytest.mark.parametrize("shape", [(2, 2), (3, 1, 1)])
-def test_draft_model_trees_emit_plain_greedy_tokens(small_vocab_model, draft_model, shape):
+@pytest.mark.parametrize("shape, commits", [((2, 2), ("scan", "replay")), ((3, 1, 1), ("states",))])
+def test_draft_model_trees_emit_plain_greedy_tokens(small_vocab_model, draft_model, shape, commits):
     """The draft model drafts its tree depth by depth and commits its own state to the accepted
-    path: tokens equal plain greedy's with every commit strategy, and drafts get accepted."""
+    path: tokens equal plain greedy's with every commit strategy (each on one of the two shapes),
+    and drafts get accepted."""
     config, params = small_vocab_model
     dconfig, dparams = draft_model
     plain = mtpspec.generate(config, params, LOOP_PROMPTS, max_new_tokens=24)
-    for commit in COMMIT_STRATEGIES:
+    for commit in commits:
         spec = decoding.SpecConfig(
             "draft", len(shape), commit, tree=shape, draft_config=dconfig, draft_params=dparams
         )
