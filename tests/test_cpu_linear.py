@@ -27,7 +27,7 @@ from mtpspec.models.inference import (
     resolve_attention,
     resolve_linear,
 )
-from tests.conftest import users_jit
+from tests.conftest import USERS_LEVEL, users_jit
 
 COMPILER = shutil.which("c++") or shutil.which("g++")
 built = pytest.mark.skipif(not cpu_linear.available(), reason=cpu_linear.status()[1])
@@ -386,7 +386,7 @@ def test_a_bf16_model_decodes_in_bf16_storage_exactly_as_float32_on_its_weights(
     assert at_o0[0].tokens == at_o0[1].tokens
     np.testing.assert_array_equal(np.array(at_o0[0].logprobs), np.array(at_o0[1].logprobs))
     with pytest.MonkeyPatch.context() as m:  # XLA's default level (users'): last bits only
-        m.setitem(program.CPU_COMPILER_OPTIONS, level, 3)
+        m.setitem(program.CPU_COMPILER_OPTIONS, level, USERS_LEVEL[level])
         got = mtpspec.generate(bf16, pb, prompts, **run)
         want = mtpspec.generate(config, widened, prompts, **run)
     assert got.tokens == want.tokens == at_o0[0].tokens

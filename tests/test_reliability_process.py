@@ -182,12 +182,12 @@ def test_other_compiler_options_are_another_program(model, monkeypatch):
     options reuses the first program."""
     from mtpspec.decoding import program
 
+    if jax.default_backend() != "cpu":
+        pytest.skip("decoding's compiler options are CPU options")
     config, params = model
     run = functools.partial(decoding.generate, config, params, PROMPTS, max_new_tokens=6)
     first = run().tokens
     before = decoding.compile_count()
-    if jax.default_backend() != "cpu":
-        pytest.skip("decoding's compiler options are CPU options")
     level = program.CPU_COMPILER_OPTIONS.get("xla_backend_optimization_level", 3)
     with monkeypatch.context() as m:
         m.setitem(program.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level", 0 if level else 3)

@@ -324,16 +324,15 @@ class ProgramCache:
         self._lock = threading.RLock()
 
     @staticmethod
-    def signature(s: ProgramKey, args) -> tuple:
+    def signature(s: ProgramKey, args, options: dict | None) -> tuple:
         """What makes two programs one: the key, the weights' tree, every argument's shape and
-        dtype, and the XLA options it is compiled with (changed options: another program)."""
+        dtype, and the XLA ``options`` it is compiled with (changed options: another program)."""
         leaves = jax.tree.leaves(args)
-        options = tuple(sorted((compiler_options() or {}).items()))
         return (
             s,
             jax.tree.structure(args[0]),
             tuple((x.shape, str(x.dtype)) for x in leaves),
-            options,
+            tuple(sorted((options or {}).items())),
         )
 
     def __contains__(self, sig) -> bool:
@@ -346,13 +345,15 @@ class ProgramCache:
         every part is compiled with the same options, cached and counted here."""
         if part not in PARTS:
             raise ValueError(f"unknown program part {part!r}; expected one of {tuple(PARTS)}")
-        sig = self.signature(s, args) if part == "run" else (part, *self.signature(s, args))
+        options = compiler_options()  # read once: the entry is keyed on what it compiles with
+        sig = self.signature(s, args, options)
+        sig = sig if part == "run" else (part, *sig)
         with self._lock:
             if sig in self._entries:
                 self._entries.move_to_end(sig)
                 return self._entries[sig], False
             relieve_map_pressure()
-            program = lower(s, args, part).compile(compiler_options=compiler_options())
+            program = lower(s, args, part).compile(compiler_options=options)
             self.compiles += 1
             self._entries[sig] = program
             while len(self._entries) > self.maxsize:
