@@ -276,3 +276,56 @@ def test_mtp_chain_equals_the_cached_draft_chain(random_model):
     # head's own output, the only pairing a depth-1 loss trains) predicts the same token
     # differently
     assert rel_err(want1[:, 1:], chain[1]) > 1e-2
+
+
+def _init_params_leaf_by_leaf(config, key, norm_scale):
+    """The definition ``init_params`` keeps: one jax.random draw of each leaf's own shape."""
+    from mtpspec.models.params import _is_shape
+
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(
+        models.param_shapes(config), is_leaf=_is_shape
+    )
+    out = []
+    for (path, shape), k in zip(leaves, jax.random.split(key, len(leaves)), strict=True):
+        name = str(getattr(path[-1], "key", ""))
+        if name == "A_log":
+            x = jnp.log(jax.random.uniform(k, shape, minval=0.1, maxval=1.5))
+        elif name == "dt_bias":
+            x = 0.5 * jax.random.normal(k, shape)
+        elif name == "norm" and getattr(path[-2], "key", "") == "gdn":
+            x = 1.0 + 0.1 * jax.random.normal(k, shape)
+        elif len(shape) == 1:
+            x = norm_scale * jax.random.normal(k, shape)
+        elif name == "embed":
+            x = 0.5 * jax.random.normal(k, shape)
+        else:
+            x = jax.random.normal(k, shape) * shape[-2] ** -0.5
+        out.append(x.astype(config.dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@pytest.mark.parametrize(
+    "config, norm_scale",
+    [(C.tiny_moe(**C.TWO_LAYERS), 0.1), (C.tiny_hybrid(dtype="bfloat16", vocab_size=300), 0.0)],
+    ids=["moe-f32", "dense-bf16"],
+)
+def test_init_params_draws_each_leaf_bit_for_bit_from_length_buckets(config, norm_scale):
+    """init_params draws length buckets and slices them (threefry draws are prefix-consistent):
+    the same bits as drawing every leaf at its own shape, with one compile per bucket."""
+    from mtpspec.models import params as P
+
+    want = _init_params_leaf_by_leaf(config, jax.random.key(4), norm_scale)
+    P._draw_jit.clear_cache()
+    got = models.init_params(config, jax.random.key(4), norm_scale=norm_scale)
+    for (path, a), b in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(want), strict=True
+    ):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), path
+    shapes = jax.tree.leaves(models.param_shapes(config), is_leaf=P._is_shape)
+    sizes = {int(np.prod(s)) for s in shapes}
+    buckets = {P._bucket(n) for n in sizes}
+    assert P._draw_jit._cache_size() <= len(buckets) + 1 < len(sizes)  # + 1: the uniform draw
+    assert [P._bucket(n) for n in (1, 256, 257, 1 << 20, (1 << 20) + 1)] == [
+        256, 256, 512, 1 << 20, 2 << 20,
+    ]  # fmt: skip

@@ -60,6 +60,9 @@ def reference_log_probs(logits, temperature, top_k, top_p, min_p):
     return z - np.log(np.sum(np.exp(z[keep])))
 
 
+_FILTERED = jax.jit(filtered_log_probs)  # settings as traced scalars, as inside a decoding program
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**16),
@@ -71,8 +74,8 @@ def reference_log_probs(logits, temperature, top_k, top_p, min_p):
 def test_filters_match_the_reference_order(seed, temperature, top_k, top_p, min_p):
     logits = np.random.default_rng(seed).normal(0, 2, (10,)).astype(np.float32)
     want = reference_log_probs(logits, temperature, top_k, top_p, min_p)
-    got = filtered_log_probs(jnp.asarray(logits[None]), temperature, top_k, top_p, min_p)
-    got = np.asarray(got)
+    settings = (np.float32(temperature), np.int32(top_k), np.float32(top_p), np.float32(min_p))
+    got = np.asarray(_FILTERED(jnp.asarray(logits[None]), *settings))  # one compile, 60 examples
     assert (np.isfinite(got[0]) == np.isfinite(want)).all()
     np.testing.assert_allclose(got[0][np.isfinite(want)], want[np.isfinite(want)], atol=1e-5)
 

@@ -26,9 +26,13 @@ Hk/Hv/dk/dv GDN heads, C = 2·Hk·dk + Hv·dv conv channels, W conv width, E exp
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from mtpspec import compiled
 from mtpspec.config import FULL, ModelConfig
 
 
@@ -116,29 +120,65 @@ def _is_shape(x) -> bool:
     return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
 
 
+def _bucket(size: int) -> int:
+    """The draw length for a leaf of ``size`` elements: the next power of two from 256 up to 2^20,
+    then the next multiple of 2^20 (at most 2x the elements for small leaves, under 1 % more for
+    big ones)."""
+    if size <= 1 << 20:
+        return max(256, 1 << (size - 1).bit_length())
+    return -(-size // (1 << 20)) << 20
+
+
+def _draw(key: jax.Array, n: int, uniform: bool, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    if uniform:
+        return jax.random.uniform(key, (n,), minval=lo, maxval=hi)
+    return jax.random.normal(key, (n,))
+
+
+_draw_jit = compiled.jit(_draw, static_argnums=(1, 2))
+
+
+def _sample(key: jax.Array, shape: tuple, uniform: bool = False) -> np.ndarray:
+    """``jax.random.normal(key, shape)`` (or ``uniform(key, shape, 0.1, 1.5)``) as float32 numpy,
+    bit for bit: the threefry draws are prefix-consistent (element i depends only on the key and
+    i), so the first prod(shape) elements of a longer draw are these. Drawing ``_bucket`` lengths
+    compiles one small program per length bucket instead of one per leaf shape (a fresh process
+    initialised the tiny test model in ~3 s of compiles; BUILD_NOTES, twenty-second session)."""
+    size = math.prod(shape)
+    lo, hi = jnp.float32(0.1), jnp.float32(1.5)
+    flat = np.asarray(_draw_jit(key, _bucket(size), uniform, lo, hi))
+    return flat[:size].reshape(shape)
+
+
 def init_params(config: ModelConfig, key: jax.Array, *, norm_scale: float = 0.0) -> dict:
     """Random parameters. ``norm_scale`` > 0 draws the (1 + w) norm weights as norm_scale·N(0, 1)
-    (tests want non-trivial norms); 0 gives HF's zero init."""
+    (tests want non-trivial norms); 0 gives HF's zero init. Each leaf is drawn from its own key
+    of ``jax.random.split(key, n_leaves)`` (tree order): ``jax.random.normal`` (uniform for
+    ``A_log``), scaled in float32 (numpy's IEEE products and sums: the same bits as jnp's)."""
     dtype = jnp.dtype(config.dtype)
     shapes = param_shapes(config)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
     keys = jax.random.split(key, len(leaves))
     out = []
-    for (path, shape), k in zip(leaves, keys, strict=True):
+    f32 = np.float32
+    for i, (path, shape) in enumerate(leaves):
+        k = keys[i]
         name = str(getattr(path[-1], "key", ""))
         if name == "A_log":
-            x = jnp.log(jax.random.uniform(k, shape, minval=0.1, maxval=1.5))
-        elif name == "dt_bias":
-            x = 0.5 * jax.random.normal(k, shape)
-        elif name == "norm" and len(path) >= 2 and getattr(path[-2], "key", "") == "gdn":
-            x = 1.0 + 0.1 * jax.random.normal(k, shape)  # plain-w gated norm
-        elif len(shape) == 1:  # (1 + w) norms
-            x = norm_scale * jax.random.normal(k, shape)
-        elif name == "embed":
-            x = 0.5 * jax.random.normal(k, shape)
-        else:  # linear [.., in, out]
-            x = jax.random.normal(k, shape) * shape[-2] ** -0.5
-        out.append(x.astype(dtype))
+            x = jnp.log(jnp.asarray(_sample(k, shape, uniform=True)))
+        else:
+            z = _sample(k, shape)
+            if name == "dt_bias":
+                x = f32(0.5) * z
+            elif name == "norm" and len(path) >= 2 and getattr(path[-2], "key", "") == "gdn":
+                x = f32(1.0) + f32(0.1) * z  # plain-w gated norm
+            elif len(shape) == 1:  # (1 + w) norms
+                x = f32(norm_scale) * z
+            elif name == "embed":
+                x = f32(0.5) * z
+            else:  # linear [.., in, out]
+                x = z * f32(shape[-2] ** -0.5)
+        out.append(jnp.asarray(x, dtype))
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
