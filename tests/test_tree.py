@@ -230,9 +230,10 @@ def test_a_chains_accept_equals_the_tree_form_on_its_window(k):
     chain, generic = TreeShape.chain(k), _GenericChain((1,) * k)
     assert chain.is_chain and not generic.is_chain
     drafted = jnp.asarray(rng.integers(0, k + 1, b), jnp.int32)
+    accept_greedy = users_jit(dwindow.accept_greedy, static_argnums=0)  # as in a program
     for cap in (None, drafted):
-        fast = dwindow.accept_greedy(chain, logits, tokens, cap)
-        slow = dwindow.accept_greedy(generic, logits, tokens, cap)
+        fast = accept_greedy(chain, logits, tokens, cap)
+        slow = accept_greedy(generic, logits, tokens, cap)
         np.testing.assert_array_equal(fast[0], slow[0])
         np.testing.assert_array_equal(fast[1], slow[1])
         lead = np.cumprod(np.asarray(tokens)[:, 1:] == target[:, :-1], axis=1).sum(1)
@@ -241,10 +242,10 @@ def test_a_chains_accept_equals_the_tree_form_on_its_window(k):
     assert len(set(np.asarray(fast[0]).tolist())) == k + 1  # every accepted length occurred
     q = jax.nn.softmax(jnp.asarray(rng.standard_normal((b, k, vocab)), jnp.float32), -1)
     keys = jax.random.split(jax.random.key(1), b)
-    a, token = sampling.speculative_accept(keys, logits, tokens[:, 1:], q, 1.0, drafted=drafted)
-    node, token2 = sampling.tree_speculative_accept(
-        keys, logits, tokens, q, generic, 1.0, drafted=drafted
-    )
+    chain_accept = users_jit(sampling.speculative_accept)
+    tree_accept = users_jit(sampling.tree_speculative_accept, static_argnums=4)
+    a, token = chain_accept(keys, logits, tokens[:, 1:], q, 1.0, drafted=drafted)
+    node, token2 = tree_accept(keys, logits, tokens, q, generic, 1.0, drafted=drafted)
     np.testing.assert_array_equal(a, node)
     np.testing.assert_array_equal(token, token2)
     assert np.all(np.asarray(a) <= np.asarray(drafted))
@@ -263,6 +264,12 @@ def mtp_model():
     y, state = decoder.mtp_window_hidden_impl(config, params, pre.state, pre.hidden, nxt, lengths)
     h = jnp.take_along_axis(y, (lengths - 1)[:, None, None], axis=1)
     return config, params, state, h
+
+
+# the oracle's one-token cached MTP step and LM head, jitted as the chain proposer runs them
+# (op by op they compiled ~190 small programs per case)
+_MTP_STEP = jax.jit(decoder.mtp_window_step_impl, static_argnums=0)
+_LM_LOGITS = jax.jit(decoder.lm_logits, static_argnums=0)
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (3, 1, 2), (1, 1, 1)])
@@ -292,8 +299,8 @@ def test_mtp_tree_drafts_chain_the_head_along_every_branch(mtp_model, shape):
         hid, tmp = h, state
         for j in range(1, dep + 1):  # chain along r's path
             tok = jnp.asarray(tokens[:, tree.path[r, j]])[:, None]
-            _, hid, tmp = decoder.mtp_window_step_impl(config, params, tmp, hid, tok, one)
-        logits = decoder.lm_logits(config, params, hid)[:, 0]
+            _, hid, tmp = _MTP_STEP(config, params, tmp, hid, tok, one)
+        logits = _LM_LOGITS(config, params, hid)[:, 0]
         want = jax.lax.top_k(logits, tree.branching[dep])[1]
         children = [c for c in range(tree.rows) if tree.parent[c] == r]
         np.testing.assert_array_equal(tokens[:, children], np.asarray(want), err_msg=str(r))
