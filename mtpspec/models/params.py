@@ -136,6 +136,7 @@ def _draw(key: jax.Array, n: int, uniform: bool, lo: jax.Array, hi: jax.Array) -
 
 
 _draw_jit = compiled.jit(_draw, static_argnums=(1, 2))
+_A_LOG_RANGE = (np.float32(0.1), np.float32(1.5))  # traced bounds, as jax.random.uniform's own
 
 
 def _sample(key: jax.Array, shape: tuple, uniform: bool = False) -> np.ndarray:
@@ -145,8 +146,7 @@ def _sample(key: jax.Array, shape: tuple, uniform: bool = False) -> np.ndarray:
     compiles one small program per length bucket instead of one per leaf shape (a fresh process
     initialised the tiny test model in ~3 s of compiles; BUILD_NOTES, twenty-second session)."""
     size = math.prod(shape)
-    lo, hi = jnp.float32(0.1), jnp.float32(1.5)
-    flat = np.asarray(_draw_jit(key, _bucket(size), uniform, lo, hi))
+    flat = np.asarray(_draw_jit(key, _bucket(size), uniform, *_A_LOG_RANGE))
     return flat[:size].reshape(shape)
 
 
