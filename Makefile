@@ -1,7 +1,6 @@
 # `make test` sets up everything itself: a .venv, an editable install with the dev extra,
 # then a lint + format check over every module, then the whole pytest suite. `make demo` needs
-# only the package: it installs without the dev extra (~100 s instead of ~170 s on a fresh clone,
-# which keeps the demo with its set-up inside 300 s in the machine's slow phases).
+# only the package: it installs without the dev extra (~100 s instead of ~170 s on a fresh clone).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -80,11 +79,11 @@ demo: $(BASE_STAMP)
 bench-gdn: $(BASE_STAMP)
 	$(BIN)/python -m experiments.bench_gdn
 
-# The prepared GPU check (issue 8) on CPU: interpret mode, tiny shapes, < 1 minute.
+# The prepared GPU check on CPU: interpret mode, tiny shapes, < 1 minute.
 gpu-check-smoke: $(STAMP)
 	PYTHON=$(BIN)/python experiments/gpu_check.sh --cpu_smoke
 
-# The whole prepared GPU run (issue 40) on CPU: gpu_check and gpu_decode, tiny shapes, ~2 minutes.
+# The whole prepared GPU run on CPU: gpu_check and gpu_decode, tiny shapes, ~2 minutes.
 gpu-run-smoke: $(STAMP)
 	PYTHON=$(BIN)/python OUT=/tmp/gpu_run experiments/gpu_run.sh --cpu_smoke
 

@@ -248,8 +248,8 @@ DEFAULT_SHAPE = (12, 256)  # layers, hidden size of the shipped default model
 def default_model(**overrides) -> ModelConfig:
     """The shape of the shipped default model (``mtpspec/assets/default_model``):
     ``default_like(12, 256)``, 11.15M parameters — GDN with full attention every third layer, like
-    Qwen, and one MTP layer. docs/decisions.md says why this shape (issue 18: deep enough that one
-    MTP layer and the LM head are a small share of a step)."""
+    Qwen, and one MTP layer. docs/decisions.md says why this shape (deep enough that one MTP
+    layer and the LM head are a small share of a step)."""
     return default_like(*DEFAULT_SHAPE, **overrides)
 
 

@@ -157,3 +157,32 @@ def test_registered_proposers_implement_the_protocol(name):
         assert getattr(cls, method) is not getattr(proposers.Proposer, method), (name, method)
     with pytest.raises(ValueError, match="unknown proposer"):
         proposers.lookup("eagle")
+
+
+# Development history lives in the lab notes (BUILD_NOTES.md, dated, with commands); the design,
+# the Makefile and the package describe the project as it is.
+NARRATION = re.compile(
+    r"\b(?:first|second|third|[a-z]+th|[a-z]+-(?:first|second|third)|\d+(?:st|nd|rd|th))"
+    r"\s+sessions?\b|\bissue\s+#?\d+",
+    re.IGNORECASE,
+)
+
+
+def _narration(paths) -> list[str]:
+    return [
+        f"{_rel(path) if ROOT in path.parents else path.name}:{i}: {m.group(0)}"
+        for path in paths
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        for m in NARRATION.finditer(line)
+    ]
+
+
+def test_no_development_narration_in_the_design_the_makefile_or_the_package(tmp_path):
+    paths = [ROOT / "docs" / "design.md", ROOT / "Makefile"]
+    paths += [p for p in (ROOT / "mtpspec").rglob("*") if p.suffix in (".py", ".cc", ".h", ".md")]
+    assert not _narration(paths)
+    probe = tmp_path / "probe.md"  # the check itself finds what it should
+    probe.write_text("a ninth session; the twenty-second session; issue 35; a fresh session\n")
+    assert [line.split(": ", 1)[1] for line in _narration([probe])] == [
+        "ninth session", "twenty-second session", "issue 35"
+    ]  # fmt: skip

@@ -238,7 +238,7 @@ log = logging.getLogger(__name__)
 # XLA options for the compiled decoding programs on CPU. XLA's tree-reduction rewrite splits every
 # reduction longer than 32 elements into a reduce-window and a reduce, neither fused with the
 # squares before them, so each RMS or L2 norm of a decode step ran as ~4 thunks: ~70
-# reduce-windows per MTP k = 3 iteration, at ~1.5 µs each (BUILD_NOTES, eighth session). Without
+# reduce-windows per MTP k = 3 iteration, at ~1.5 µs each. Without
 # it a norm is one fusion. Decoding's reductions are short (a hidden or head width, the
 # vocabulary), where a plain vectorised reduce loses no precision that matters; training and
 # ``forward`` keep XLA's defaults.

@@ -194,8 +194,7 @@ MTPSPEC_ATT_GROUP(Group512, "avx512f", __m512, 16, __mmask16, _mm512_loadu_ps, _
 // A call of one group of more than 8 rows (a verify window's 16) splits them in two groups
 // instead, so that both threads work: in the decode loop that took an MTP k = 3 run 5 % less
 // time, while splitting a step's 4 rows made plain decoding ~8 % slower (the hand-off and a
-// second cold pass over the cache cost more than 2 rows of arithmetic; BUILD_NOTES, ninth
-// session).
+// second cold pass over the cache cost more than 2 rows of arithmetic).
 struct Layout {
   int64_t b, t, hq, d, g, n, ratio, rows, lanes, groups;
   Layout(int64_t b_, int64_t t_, int64_t hq_, int64_t d_, int64_t g_, int64_t n_, int64_t isa,

@@ -19,7 +19,7 @@ the cost grows as t², as XLA's form's does. Against the earlier one-row-at-a-ti
 products with a horizontal sum per score and per output) the lanes took 0.2-0.5 of the time with
 the cache warm at the default model's heads (1-7 query tokens, a 160-token prefill); in the
 decode loop, where the cache comes cold after the weights, an MTP k = 3 run took 5 % less time
-and plain decoding the same (BUILD_NOTES.md, ninth session).
+and plain decoding the same (BUILD_NOTES.md has the runs).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@
 // A token is one of three loops with the same arithmetic lane by lane (so the same bits): for a
 // value width in whole vectors, blocks of up to 64 columns whose part of S^T k, u and o stays in
 // registers across the dk rows of S (AVX-512 where the `isa` attribute says 1, else AVX2); any
-// other width, a plain loop the compiler vectorises, which keeps them in memory (BUILD_NOTES,
-// eighth session, has the timings; experiments/native/gdn_token_bench.cc measures them).
+// other width, a plain loop the compiler vectorises, which keeps them in memory (BUILD_NOTES.md
+// has the timings; experiments/native/gdn_token_bench.cc measures them).
 //
 // Built with cpu_linear.cc into one library; loaded by mtpspec/kernels/cpu_gdn.py.
 
@@ -202,7 +202,7 @@ bool Dims(const ffi::Span<const int64_t>& d, std::initializer_list<int64_t> want
 
 // Below this much work per (batch row, head) (tokens x state size) a call runs on the caller
 // alone: sharing a 4-token window of 4 x 64 x 64 heads measured no faster (28 vs 31 us), a
-// 160-token prefill 1.7x faster (BUILD_NOTES, sixth session).
+// 160-token prefill 1.7x faster.
 constexpr int64_t kMinShared = 64 * 1024;
 
 // The inputs both window kernels take: q, k [b, t, hk, dk], v [b, t, hv, dv], g and beta

@@ -20,8 +20,8 @@ blocked GEMM, and a window of up to 6 rows reads every weight once. The inner lo
 where the CPU has it, AVX-512 with two tiles per pass (``settings.current().isa``; the two differ
 in the last bits, so every call of one program uses the same). Work above ~32 K multiply-adds
 is shared with helper threads of XLA's intra-op pool (``linear_threads``), and the weight stream
-is prefetched ``prefetch`` 64-byte rows ahead of the FMAs (a window of 3+ rows needs it:
-BUILD_NOTES 2026-12-02, fourth session). All three are read when a call is traced
+is prefetched ``prefetch`` 64-byte rows ahead of the FMAs (a window of 3+ rows needs it;
+BUILD_NOTES.md has the runs). All three are read when a call is traced
 (``kernels.settings``).
 """
 

@@ -261,7 +261,7 @@ def attention_inputs(config: ModelConfig, p: dict, x: jax.Array, positions: jax.
     q, k = norm(config, q, p["q_norm"]), norm(config, k, p["k_norm"])
     # One pair of tables for q and k: with two consumers XLA:CPU keeps cos and sin in their own
     # small fusion; fused into each rotation it evaluates them once per output element, every
-    # head (8 us of a 4-row window's rope fusion, BUILD_NOTES, eighth session).
+    # head (8 us of a 4-row window's rope fusion).
     tables = rope_tables(config, positions)
     return rotate(config, q, tables), gate, rotate(config, k, tables), v
 

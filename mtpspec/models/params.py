@@ -144,7 +144,7 @@ def _sample(key: jax.Array, shape: tuple, uniform: bool = False) -> np.ndarray:
     bit for bit: the threefry draws are prefix-consistent (element i depends only on the key and
     i), so the first prod(shape) elements of a longer draw are these. Drawing ``_bucket`` lengths
     compiles one small program per length bucket instead of one per leaf shape (a fresh process
-    initialised the tiny test model in ~3 s of compiles; BUILD_NOTES, twenty-second session)."""
+    had initialised the tiny test model in ~3 s of compiles)."""
     size = math.prod(shape)
     flat = np.asarray(_draw_jit(key, _bucket(size), uniform, *_A_LOG_RANGE))
     return flat[:size].reshape(shape)
