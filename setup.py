@@ -4,11 +4,13 @@
 over a short window) and ``cpu_attention.cc`` (attention of a short window over its KV cache), all
 called from XLA through ``jax.ffi``, are compiled into one library against the XLA FFI headers
 that jaxlib ships (``jax.ffi.include_dir()``), so jax must be
-importable when this runs: ``make install`` installs it first and builds with
-``--no-build-isolation``. The kernels are optional: without jax at build time, without a C++
-compiler, or if compiling fails, the install still succeeds without them; at run time
-``mtpspec.kernels.library.status()`` says why they are missing, and ``linear="auto"`` / the GDN
-method ``"auto"`` use XLA instead.
+importable when this runs: pyproject.toml's ``[build-system] requires`` has it, so ``pip install
+.`` / ``pip install -e .`` / ``pip wheel .`` build them in pip's isolated build environment;
+``make install`` installs jax first and builds with ``--no-build-isolation`` (faster, the same
+result). The kernels are optional: without a C++ compiler, or if compiling fails, the install
+still succeeds without them; at run time ``mtpspec.kernels.library.status()`` (``python -m
+mtpspec.kernels``) says why they are missing, decoding's ``"auto"`` choices use XLA instead, and
+the first decoding call warns once.
 """
 
 from __future__ import annotations

@@ -144,3 +144,40 @@ def test_a_native_window_whose_kernel_cannot_run_raises_instead_of_falling_back(
         run()
     monkeypatch.undo()
     assert len(run().tokens[0]) == 5
+
+
+def test_a_missing_library_warns_once_at_first_use_and_the_status_command_says_why(monkeypatch):
+    """Without the kernels, decoding's "auto" on CPU runs XLA's forms and says so once per
+    process: a RuntimeWarning naming the kernels, the reason and the cost. ``python -m
+    mtpspec.kernels`` prints the same reason and exits 1; with the library, every target's status
+    and exit 0."""
+    import warnings
+
+    from mtpspec.kernels import __main__ as status_command
+    from mtpspec.kernels import library
+    from mtpspec.models import inference
+
+    real_status = library.status()
+    monkeypatch.setattr(library, "_warned", set())
+    monkeypatch.setattr(library, "status", lambda: (False, "no library here (simulated)"))
+    monkeypatch.setattr(cpu_linear.KERNEL, "status", library.status)
+    with pytest.warns(RuntimeWarning, match=r"unavailable: no library here \(simulated\)") as w:
+        assert inference.resolve_linear("auto", platform="cpu") == "xla"
+    assert "slower" in str(w[0].message) and "python -m mtpspec.kernels" in str(w[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second decoding call: no second warning
+        assert inference.resolve_linear("auto", platform="cpu") == "xla"
+        assert inference.resolve_linear("xla", platform="cpu") == "xla"
+    ok, lines = status_command.report()
+    assert not ok and lines[0] == "library: no library here (simulated)"
+    assert status_command.main() == 1
+    monkeypatch.undo()
+    ok, lines = status_command.report()
+    assert ok == real_status[0]
+    if ok:  # the machine's own library: every FFI target listed with its status
+        assert lines[1:8] == [f"  {t}: ok" for t in (
+            "mtpspec_cpu_linear", "mtpspec_cpu_linear_bf16", "mtpspec_cpu_gdn",
+            "mtpspec_cpu_gdn_tree", "mtpspec_cpu_gdn_commit", "mtpspec_cpu_attention",
+            "mtpspec_cpu_tree_attention",
+        )]  # fmt: skip
+        assert lines[8].startswith("cpu: ") and lines[9].startswith("settings: KernelSettings(")

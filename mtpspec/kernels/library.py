@@ -3,6 +3,9 @@ loaded once.
 
 ok, why = status()     # (False, reason) when it was not built or cannot run on this CPU
 lib = handle()         # the ctypes handle (only when status() is ok)
+warn_if_missing()      # once per process: a warning when they are missing (decoding's "auto")
+
+``python -m mtpspec.kernels`` prints the status.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import ctypes
 import functools
 import pathlib
 import threading
+import warnings
 
 _HERE = pathlib.Path(__file__).parent
 PATTERN = "_cpu_kernels*.so"
@@ -24,8 +28,8 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     libs = sorted(_HERE.glob(PATTERN))
     if not libs:
         return None, (
-            f"the C++ kernels are not built (no {PATTERN} in {_HERE}); reinstall with "
-            "`make install` on a machine with a C++ compiler"
+            f"the C++ kernels are not built (no {PATTERN} in {_HERE}); reinstall "
+            "(`pip install .` or `make install`) on a machine with a C++ compiler"
         )
     try:
         lib = ctypes.CDLL(str(libs[-1]))
@@ -46,6 +50,31 @@ def status() -> tuple[bool, str]:
     """(available, reason): the library is built and this CPU has AVX2 + FMA."""
     lib, why = _load()
     return lib is not None, why
+
+
+# The cost of running without them, as measured on the shipped model (BUILD_NOTES.md).
+MISSING_COST = "plain decoding on CPU runs ~1.5-1.8x slower on XLA's path"
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def warn_if_missing() -> bool:
+    """When the library is unavailable, warn once per process (a ``RuntimeWarning`` naming the
+    kernels, why they are missing and what that costs); True when it warned now. Decoding's
+    "auto" choices call it on CPU, so an install without the kernels says so at first use."""
+    ok, why = status()
+    with _warn_lock:
+        if ok or why in _warned:
+            return False
+        _warned.add(why)
+    warnings.warn(
+        f"mtpspec: the C++ CPU kernels (linear, GDN window, attention) are unavailable: {why}. "
+        f"Decoding runs XLA's forms instead: {MISSING_COST}. `python -m mtpspec.kernels` "
+        "prints the status.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+    return True
 
 
 def handle() -> ctypes.CDLL:

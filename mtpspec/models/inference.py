@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from mtpspec.config import ModelConfig
-from mtpspec.kernels import cpu_attention, cpu_linear
+from mtpspec.kernels import cpu_attention, cpu_linear, library
 from mtpspec.models.linear import Embedding, Linear
 
 __all__ = ["Embedding", "Linear"]  # re-exported: the decoding tree's leaves
@@ -88,6 +88,7 @@ def _resolve(what: str, impl: str, kernel, sharded: bool, platform: str | None) 
         choice, reason = "xla", f"platform {platform!r} is not cpu"
     elif not ok:
         choice, reason = "xla", why
+        library.warn_if_missing()
     else:
         choice, reason = "ffi", f"cpu, C++ kernel {why}"
     if (what, choice, reason) not in _logged:
