@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BASE_STAMP := $(VENV)/.installed-base
 SOURCES := setup.cfg setup.py pyproject.toml $(wildcard mtpspec/kernels/*.cc) $(wildcard mtpspec/kernels/*.h)
 
-.PHONY: test test-default-opt test-hf lint format install demo bench-gdn gpu-check-smoke gpu-run-smoke clean
+.PHONY: test test-default-opt test-hf lint format install demo bench-gdn gpu-check-smoke gpu-run-smoke clean notebooks
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -89,3 +89,8 @@ gpu-run-smoke: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(HF_VENV) build *.egg-info .pytest_cache .jax_cache mtpspec/kernels/_cpu_*.so
+
+# Re-execute the notebooks in place, storing their outputs (figures inline) stamped with their
+# code cells' hash (tests/notebook_outputs.py; make test checks the stamp and the key figures).
+notebooks: $(STAMP)
+	env -u MPLBACKEND JAX_PLATFORMS=cpu $(BIN)/python -m tests.notebook_outputs
