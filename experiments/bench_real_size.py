@@ -42,7 +42,7 @@ from absl import flags
 from experiments import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "HF checkpoint directory.", required=True)
+cli.define_checkpoint("HF checkpoint directory.", default=None, required=True)
 flags.DEFINE_string("dtype", None, "Load as this dtype (default: the checkpoint's).")
 flags.DEFINE_bool(
     "for_decoding",
@@ -53,7 +53,7 @@ flags.DEFINE_bool(
 flags.DEFINE_integer("prompt_len", 512, "Prefill benchmark prompt length.")
 flags.DEFINE_integer("new_tokens", 48, "Tokens per decode run.")
 flags.DEFINE_integer("repeats", 2, "Round-robin rounds.")
-flags.DEFINE_list("num_draft", ["1", "2", "3"], "MTP k values to cost.")
+cli.define_num_draft("1,2,3", "MTP k values to cost (comma list).")
 flags.DEFINE_string("draft_vocab", None, "draft_vocab.json path, or an int N (the N lowest ids).")
 flags.DEFINE_string("llama_bench", None, "llama.cpp's llama-bench binary (optional peer).")
 flags.DEFINE_string("gguf", None, "The same checkpoint converted to GGUF, for --llama_bench.")
@@ -140,7 +140,7 @@ def main(argv):
     n = FLAGS.new_tokens
 
     configs = {"plain": None}
-    for k in map(int, FLAGS.num_draft):
+    for k in cli.num_drafts():
         configs[f"mtp k={k}"] = mtpspec.SpecConfig(num_draft=k)
         if vocab is not None:
             configs[f"mtp k={k} vocab={vocab.size}"] = mtpspec.SpecConfig(

@@ -60,10 +60,9 @@ flags.DEFINE_integer("max_window", 8, "Report verify window ÷ step for t = 2..m
 cli.define_linear()
 flags.DEFINE_string("plot_dir", None, "Write PNG plots here (speedup and τ vs k, theory curve).")
 flags.DEFINE_enum("peer_hf", "auto", ["auto", "on", "off"], "HF transformers peer comparison.")
-flags.DEFINE_list(
-    "trees",
+cli.define_tree(
     ["2x1x1", "2x2x1", "3x2x1", "2x2x2", "2x2x1x1"],
-    "Draft trees (b1xb2x...) swept beside the chains with proposer mtp ('': none).",
+    "Draft trees (b1xb2x...) swept beside the chains with proposer mtp (empty: none).",
 )
 flags.DEFINE_list(
     "p_min",
@@ -218,10 +217,8 @@ def measure(config, params, draft, prompts, proposers, ks, commits, run):
 
 
 def trees(proposers) -> list[tuple[int, ...]]:
-    """--trees as branching tuples (MTP only: the proposer that drafts trees)."""
-    if "mtp" not in proposers:
-        return []
-    return [cli.parse_tree(t, "--trees") for t in FLAGS.trees if t]
+    """--tree as branching tuples (MTP only: the proposer that drafts trees)."""
+    return cli.trees() if "mtp" in proposers else []
 
 
 def _impls() -> list[str]:

@@ -7,8 +7,14 @@ A script calls the ``define_*`` groups it needs at import time:
     define_draft_checkpoint()      --draft_checkpoint
     define_speculation(...)        --proposer, --num_draft, --commit (comma lists; a script that
                                    runs one configuration takes the one value with ``one(...)``)
+    define_num_draft(...)          --num_draft alone
+    define_tree(...)               --tree (draft trees b1xb2x..., a comma list; ``trees()``)
+    define_linear()                --linear
+    define_attention()             --attention
     define_json_out()              --json_out
-    define_mesh()                  --mesh, --mesh_axis_types and the multi-host flags
+    define_mesh()                  --mesh and the multi-host flags
+
+A tool defines none of these names itself (tests/test_structure.py checks): one vocabulary.
 
 and runs with ``cli.run(main)`` (for ``app.run``): a user's mistake ends in one line on stderr,
 ``<tool>: error: <message>``, status 2 (usage) or 1, its traceback only with ``--debug``.
@@ -44,11 +50,19 @@ DEFAULT_MODEL = ASSETS / "default_model"
 FLAGS = flags.FLAGS
 
 
+# The names the define_* groups below own: no tool defines one of these itself.
+SHARED_FLAGS = (
+    "checkpoint", "draft_checkpoint", "proposer", "num_draft", "commit", "tree", "linear",
+    "attention", "json_out", "mesh",
+)  # fmt: skip
+
+
 def define_checkpoint(
     help_text: str = "Model directory: an mtpspec checkpoint or an HF one.",
     default: str | None = str(DEFAULT_MODEL),
+    required: bool = False,
 ):
-    flags.DEFINE_string("checkpoint", default, help_text)
+    flags.DEFINE_string("checkpoint", default, help_text, required=required)
 
 
 def define_draft_checkpoint():
@@ -66,8 +80,15 @@ def define_speculation(proposer: str = "mtp", num_draft: str | None = None):
     flags.DEFINE_list(
         "proposer", proposer, f"Draft proposer(s): none (plain decoding) or {proposer_names()}."
     )
-    flags.DEFINE_list("num_draft", num_draft, "k: drafts per verify step (comma list to sweep).")
+    define_num_draft(num_draft)
     flags.DEFINE_list("commit", DEFAULT_COMMIT, f"GDN commit strategy(s), of {COMMIT_STRATEGIES}.")
+
+
+def define_num_draft(
+    default: str, help_text: str = "k: drafts per verify step (comma list to sweep)."
+):
+    """--num_draft alone (``define_speculation`` includes it), for a tool that fixes the rest."""
+    flags.DEFINE_list("num_draft", default, help_text)
 
 
 def define_linear():
@@ -78,6 +99,22 @@ def define_linear():
     )  # fmt: skip
 
 
+def define_tree(default: list[str] | None = None, help_text: str | None = None):
+    flags.DEFINE_list(
+        "tree", default or [],
+        help_text or "Draft tree(s) b1xb2x... (e.g. 2x2x1: b_i children per node at depth i; "
+        "num_draft is its depth), a comma list to sweep; empty: chains only.",
+    )  # fmt: skip
+
+
+def define_attention():
+    flags.DEFINE_enum(
+        "attention", "auto", ["auto", "xla", "ffi"],
+        "How decoding's attention runs: ffi = the C++ CPU kernel over the live cache prefix, "
+        "xla = XLA's form, auto = ffi on CPU when built and the cache is float32.",
+    )  # fmt: skip
+
+
 def define_json_out():
     flags.DEFINE_string("json_out", None, "Write the results as JSON here.")
 
@@ -85,9 +122,6 @@ def define_json_out():
 def define_mesh():
     flags.DEFINE_string(
         "mesh", None, "Shard over a DATAxMODEL device mesh, e.g. 1x8 or 2x4 (default: one device)."
-    )
-    flags.DEFINE_enum(
-        "mesh_axis_types", "auto", ["auto", "explicit"], "Mesh axis types (explicit runs as auto)."
     )
     flags.DEFINE_bool("distributed", False, "Multi-host: call jax.distributed.initialize().")
     flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0.")
@@ -146,7 +180,7 @@ def setup_mesh():
     if FLAGS.mesh is None:
         return None
     data, model = sharding.parse_mesh(FLAGS.mesh)
-    return sharding.make_mesh(data, model, axis_types=FLAGS.mesh_axis_types)
+    return sharding.make_mesh(data, model)
 
 
 def write_json(value) -> None:
@@ -177,6 +211,11 @@ def parse_tree(text: str, flag: str) -> tuple[int, ...]:
     if not tree or min(tree) < 1:
         raise app.UsageError(f"{flag} takes tree shapes like 2x2x1 (b_i >= 1), got {text!r}")
     return tree
+
+
+def trees() -> list[tuple[int, ...]]:
+    """--tree as branching tuples (empty entries skipped)."""
+    return [parse_tree(t, "--tree") for t in FLAGS.tree if t]
 
 
 def bench_prompts(config, n: int) -> list[list[int]]:

@@ -39,7 +39,12 @@ FLAGS = flags.FLAGS
 cli.define_checkpoint()
 cli.define_draft_checkpoint()
 cli.define_speculation()
+cli.define_tree(
+    help_text="A draft tree b1xb2x... (e.g. 2x2x1) for a single run: the proposer "
+    "drafts b_i children per node at depth i (num_draft = its depth)."
+)
 cli.define_linear()
+cli.define_attention()
 cli.define_json_out()
 cli.define_mesh()
 flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
@@ -149,7 +154,12 @@ def demo(mesh=None):
     tok = cli.tokenizer_for(config, FLAGS.checkpoint)
     texts = cli.demo_texts()
     prompts = [tok.encode(t) for t in texts]
-    kw = dict(max_new_tokens=FLAGS.max_new_tokens, mesh=mesh, linear=FLAGS.linear)
+    kw = dict(
+        max_new_tokens=FLAGS.max_new_tokens, mesh=mesh, linear=FLAGS.linear,
+        attention=FLAGS.attention,
+    )  # fmt: skip
+    if FLAGS.tree:
+        raise app.UsageError("--demo sweeps chains (--num_draft); --tree is for a single run")
     commit = cli.one(cli.commits(), "commit")
     print(
         f"model: {FLAGS.checkpoint} ({config.num_layers} layers, H={config.hidden_size}, "
@@ -218,17 +228,25 @@ def eos_ids():
 
 
 def speculation(config):
-    """The SpecConfig of --proposer / --num_draft / --commit (--draft_checkpoint for draft)."""
+    """The SpecConfig of --proposer / --num_draft / --commit / --tree (--draft_checkpoint for
+    draft); with --tree, num_draft is the tree's depth."""
     proposer = cli.one(cli.proposers(), "proposer")
     k, commit = cli.one(cli.num_drafts(), "num_draft"), cli.one(cli.commits(), "commit")
+    trees = cli.trees()
+    tree = cli.one(trees, "tree") if trees else None
     if proposer == "none":
+        if tree:
+            raise app.UsageError("--tree needs a proposer (--proposer=mtp, ngram or draft)")
         return None
+    k = len(tree) if tree else k
     if proposer != "draft":
-        return mtpspec.SpecConfig(proposer, k, commit)
+        return mtpspec.SpecConfig(proposer, k, commit, tree=tree)
     if not FLAGS.draft_checkpoint:
         raise app.UsageError("--proposer=draft needs --draft_checkpoint=DIR")
     dconfig, dparams = checkpoints.load(FLAGS.draft_checkpoint, dtype=dtype_arg())
-    return mtpspec.SpecConfig("draft", k, commit, draft_config=dconfig, draft_params=dparams)
+    return mtpspec.SpecConfig(
+        "draft", k, commit, tree=tree, draft_config=dconfig, draft_params=dparams
+    )
 
 
 def dtype_arg():
@@ -259,7 +277,8 @@ def single(mesh=None):
     options = dict(
         max_new_tokens=FLAGS.max_new_tokens, speculative=speculation(config),
         temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, min_p=FLAGS.min_p,
-        seed=FLAGS.seed, eos_id=eos_ids(), linear=FLAGS.linear, mesh=mesh,
+        seed=FLAGS.seed, eos_id=eos_ids(), linear=FLAGS.linear, attention=FLAGS.attention,
+        mesh=mesh,
     )  # fmt: skip
     if FLAGS.max_new_tokens == 0:
         print(f"no tokens generated (max_new_tokens={FLAGS.max_new_tokens})")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check for method="pallas" (issue 8): correctness against the reference plus
+# The prepared GPU check for method="pallas": correctness against the reference plus
 # timings of every GDN method, prefill T = 2048..16384 and verify windows T = 2..16.
 # Installs nothing; runs from the repository root with the machine's python3 (JAX 0.11.2 on the
 # lent H200). Writes $OUT/gpu_check.json when $OUT is set (the device tool's output folder), else

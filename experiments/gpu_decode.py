@@ -1,4 +1,4 @@
-"""End-to-end decoding on the lent GPU (issue 40): speed, speculation and exactness, on device.
+"""End-to-end decoding on a GPU: speed, speculation and exactness, on device.
 
     python -m experiments.gpu_decode --json_out=$OUT/gpu_decode.json   # GPU, ~4 minutes
     python -m experiments.gpu_decode --cpu_smoke                       # here: tiny, < 2 minutes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared run for a lent GPU (issue 40), in order, each step under its own time limit so
+# The one prepared run for a lent GPU, in order, each step under its own time limit so
 # one hang cannot cost the others:
 #   1. experiments/gpu_check.sh: every GDN form incl. "pallas" against the reference, and timings
 #      (prefill T = 2048..16384, verify windows T = 2..16), within GPU_CHECK_BUDGET seconds;

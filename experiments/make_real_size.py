@@ -26,8 +26,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from experiments import cli
 from mtpspec import config as C
 from mtpspec.checkpoints import save_hf
 from mtpspec.models.params import param_shapes
@@ -112,4 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

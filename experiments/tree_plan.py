@@ -5,7 +5,7 @@ ceiling on any tree's speed-up against the chains measured in the same run (``an
     python -m experiments.tree_plan --max_nodes=16 --json_out=/tmp/plan.json
 
 In this one process:
-  1. per-depth rank acceptance p_j(r) from a greedy run of the wide ``--rank_tree`` over the
+  1. per-depth rank acceptance p_j(r) from a greedy run of the wide ``--tree`` over the
      held-out demo prompts (``--rank_tokens`` each);
   2. τ̂ for every product tree (b_1, ..., b_d) with at most ``--max_nodes`` draft nodes inside the
      measuring tree;
@@ -16,8 +16,8 @@ In this one process:
   4. per tree the bound on its decode speed-up here (τ̂ over a lower bound of its cost: the chain
      of its depth plus its extra window rows) and the flat-window what-if;
   5. a second sweep: plain greedy, every chain and the ``--time_trees`` trees with the highest
-     ceilings, round-robin — the end-to-end verdict of issue 19 (best tree at least as fast
-     as the best chain in the same run), beside the model's.
+     ceilings, round-robin — the end-to-end verdict (best tree at least as fast as the best
+     chain in the same run), beside the model's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from mtpspec.models.tree import TreeShape
 FLAGS = flags.FLAGS
 cli.define_checkpoint("Target model directory (with an MTP head).")
 cli.define_json_out()
-flags.DEFINE_string("rank_tree", "2x2x2x2x2x2", "The measuring tree (b1xb2x...): depth and ranks.")
+cli.define_tree(["2x2x2x2x2x2"], "The measuring tree (b1xb2x...), one: its depth and ranks.")
 flags.DEFINE_integer(
     "rank_tokens", None, "New tokens per prompt in the rank-acceptance run (default: the sweep's)."
 )
@@ -85,7 +85,7 @@ def timed_sweep(config, params, prompts, keys) -> dict:
 
 
 def print_verdict(final, best_k, candidates, top, model_chain, chain_model, finite, by_tree, depth):
-    """The model's verdict, the measured one (end to end, one sweep), issue 19's τ line and the
+    """The model's verdict, the measured one (end to end, one sweep), the τ line and the
     flat-window what-if. Returns whether the best timed tree was at least as fast as the chain."""
     best_tree = max(candidates, key=lambda t: final[t]["speedup"])
     wins = final[best_tree]["speedup"] >= final[best_k]["speedup"]
@@ -107,7 +107,7 @@ def print_verdict(final, best_k, candidates, top, model_chain, chain_model, fini
     )
     if depth >= 3:
         gain = max(r["tau_hat"] for r in finite) - by_tree[(1, 1, 1)]["tau_hat"]
-        print(f"issue 19's tau line (a tree of <= {FLAGS.max_nodes} nodes against chain k=3): "
+        print(f"tau line (a tree of <= {FLAGS.max_nodes} nodes against chain k=3): "
               f"largest tau^ of a tree over chain k=3's tau^ {gain:+.2f}")  # fmt: skip
     flat_tree = max(finite, key=lambda r: r["flat"])
     flat_chain = max((r for r in chain_model if math.isfinite(r["flat"])), key=lambda r: r["flat"])
@@ -125,7 +125,7 @@ def main(argv):
     if not config.mtp_num_layers:
         raise app.UsageError(f"{FLAGS.checkpoint} has no MTP head: trees are drafted by MTP")
     prompts = cli.bench_prompts(config, FLAGS.num_prompts)
-    measuring = cli.parse_tree(FLAGS.rank_tree, "--rank_tree")
+    measuring = cli.one(cli.trees(), "tree")
     print(
         f"{FLAGS.checkpoint}: {config.num_layers} layers, H={config.hidden_size}; jax "
         f"{jax.__version__} on {jax.default_backend()}; {len(prompts)} prompts × "
@@ -134,8 +134,9 @@ def main(argv):
     acc = tree_plan.rank_acceptance(
         config, params, prompts, measuring, max_new_tokens=FLAGS.rank_tokens or FLAGS.max_new_tokens
     )
+    shown = "x".join(map(str, measuring))
     print(
-        f"\nrank acceptance (greedy, measuring tree {FLAGS.rank_tree}, {acc.steps} steps, "
+        f"\nrank acceptance (greedy, measuring tree {shown}, {acc.steps} steps, "
         f"τ {acc.measured_tau:.3f}):"
     )
     print(acc.table())
@@ -185,7 +186,7 @@ def main(argv):
     )
     candidates = [r["tree"] for r in top[: FLAGS.time_trees]]
     final = timed_sweep(config, params, prompts, [*chains, *candidates])
-    best_k = max(chains, key=lambda k: final[k]["speedup"])  # issue 19 compares end to end
+    best_k = max(chains, key=lambda k: final[k]["speedup"])  # the verdict compares end to end
     tree_windows = analysis.tree_costs(config, params, prompts[0], candidates)["tree"]
     print(f"\nevery chain and the {len(candidates)} highest-ceiling trees, one sweep:")
     print(f"{'drafts':<16} {'nodes':>5} {'tau^':>6} {'tau':>6} {'decode':>7} {'e2e':>6} "
@@ -212,7 +213,7 @@ def main(argv):
         "bound_rules_trees_out": top[0]["bound"] < model_chain["bound"],
         "best_tree_at_least_as_fast": wins,
         "settings": dict(max_new_tokens=FLAGS.max_new_tokens, repeats=FLAGS.repeats,
-                         rank_tree=FLAGS.rank_tree, max_nodes=FLAGS.max_nodes,
+                         rank_tree="x".join(map(str, measuring)), max_nodes=FLAGS.max_nodes,
                          prompts=len(prompts), jax=jax.__version__),
     })  # fmt: skip
 

@@ -260,10 +260,10 @@ def first_default_model(**overrides) -> ModelConfig:
 
 
 def default_like(layers: int, hidden: int, **overrides) -> ModelConfig:
-    """The default model's family at another size (``experiments.shape_sweep`` measures what
-    each costs): full attention every third layer, head dims 32 (H ≤ 128) else 64, attention
-    heads H / head_dim with a quarter as KV heads (at least one), GDN key heads H / (2·dim) with
-    twice as many value heads, dense MLP 3H, byte vocabulary, one MTP layer."""
+    """The default model's family at another size (``experiments.investigations.shape_sweep``
+    measures what each costs): full attention every third layer, head dims 32 (H ≤ 128) else 64,
+    attention heads H / head_dim with a quarter as KV heads (at least one), GDN key heads
+    H / (2·dim) with twice as many value heads, dense MLP 3H, byte vocabulary, one MTP layer."""
     dim = 32 if hidden <= 128 else 64
     heads = max(hidden // dim, 1)
     groups = max(hidden // (2 * dim), 1)

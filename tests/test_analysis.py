@@ -76,7 +76,7 @@ def test_bench_speculative_miniature_run_writes_the_promised_json(tmp_path):
         "--checkpoint=tests/fixtures/hf/qwen3_5", "--num_draft=1", "--commit=states,replay",
         "--max_new_tokens=16", "--repeats=1", "--piece_iters=2", "--num_prompts=1",
         "--peer_hf=off", f"--json_out={out}", f"--plot_dir={tmp_path}", "--max_window=3",
-        "--trees=2x1",
+        "--tree=2x1",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -178,9 +178,10 @@ def test_acceptance_by_context_position_by_hand():
 
 
 def test_loop_profile_maps_thunks_to_targets_and_source_functions():
-    """``experiments.loop_profile``'s HLO reading, on a hand-written module: FFI calls to their
-    targets (the linear by its rows), fusions to their source functions innermost first."""
-    from experiments import loop_profile
+    """``experiments.investigations.loop_profile``'s HLO reading, on a hand-written module: FFI
+    calls to their targets (the linear by its rows), fusions to their source functions innermost
+    first."""
+    from experiments.investigations import loop_profile
 
     hlo = "\n".join(
         [

@@ -243,7 +243,7 @@ def test_default_like_scales_the_default_family():
     assert C.default_model() == C.default_like(12, 256)  # the shipped shape
     big = C.default_like(12, 256)
     assert big.num_layers == 12 and big.layer_types.count(C.FULL) == 4 and big.head_dim == 64
-    assert 11.0e6 < count(big) < 11.3e6  # experiments.shape_sweep's 11.15M
+    assert 11.0e6 < count(big) < 11.3e6  # experiments.investigations.shape_sweep's 11.15M
 
 
 def test_mtp_chain_equals_the_cached_draft_chain(random_model):

@@ -186,3 +186,31 @@ def test_no_development_narration_in_the_design_the_makefile_or_the_package(tmp_
     assert [line.split(": ", 1)[1] for line in _narration([probe])] == [
         "ninth session", "twenty-second session", "issue 35"
     ]  # fmt: skip
+
+
+# experiments/*.py are user tools: absl scripts with a usage docstring (what ``--help`` prints)
+# whose shared flags all come from experiments/cli.py. real_size_oracle.py runs in a torch venv
+# without mtpspec or absl (argparse); investigations live in experiments/investigations/.
+TOOLS = sorted(
+    p for p in (ROOT / "experiments").glob("*.py") if p.stem not in ("__init__", "cli")
+)  # fmt: skip
+NOT_ABSL = {"real_size_oracle"}
+
+
+def test_tools_share_one_flag_vocabulary_and_say_what_they_do():
+    from experiments import cli
+
+    define = re.compile(r"\bDEFINE_\w+\(\s*\"(\w+)\"")
+    problems = []
+    for path in TOOLS:
+        source = path.read_text()
+        own = set(define.findall(source)) & set(cli.SHARED_FLAGS)
+        if own:
+            problems.append(f"{path.name} defines {sorted(own)} itself (use experiments/cli.py)")
+        doc = ast.get_docstring(ast.parse(source)) or ""
+        if f"python -m experiments.{path.stem}" not in doc and path.stem not in NOT_ABSL:
+            problems.append(f"{path.name}: its docstring shows no `python -m` usage")
+        if path.stem not in NOT_ABSL and "cli.run(" not in source:
+            problems.append(f"{path.name} does not run through cli.run (one-line errors)")
+    assert len(TOOLS) >= 15 and not problems, problems
+    assert not (ROOT / "experiments" / "native").exists()  # benches: investigations/native

@@ -215,11 +215,14 @@ def _cli(*args, timeout=600):
 
 
 def test_cli_chat_json_equals_transformers(tmp_path):
+    """A chat turn through the CLI, drafted as an MTP tree (2x1) with XLA's attention: the
+    transformers continuation exactly."""
     out = tmp_path / "out.json"
     case = REF["chats"]["user_only"]  # the CLI builds one user turn (+ --system)
     proc = _cli(
         f"--checkpoint={CHAT}", "--chat", f"--prompt={case['messages'][0]['content']}",
-        f"--max_new_tokens={MAX_NEW}", "--proposer=mtp", "--num_draft=2", f"--json_out={out}",
+        f"--max_new_tokens={MAX_NEW}", "--proposer=mtp", "--tree=2x1", "--attention=xla",
+        f"--json_out={out}",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())

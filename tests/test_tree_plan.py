@@ -232,7 +232,7 @@ def test_the_tree_plan_script_writes_its_json(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [
         sys.executable, "-m", "experiments.tree_plan", "--checkpoint=tests/fixtures/hf/qwen3_5",
-        "--rank_tree=2x2", "--max_nodes=4", "--max_new_tokens=64", "--repeats=1",
+        "--tree=2x2", "--max_nodes=4", "--max_new_tokens=64", "--repeats=1",
         "--time_trees=1", "--num_prompts=2", f"--json_out={out}",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -14,7 +14,7 @@
 // value width in whole vectors, blocks of up to 64 columns whose part of S^T k, u and o stays in
 // registers across the dk rows of S (AVX-512 where the `isa` attribute says 1, else AVX2); any
 // other width, a plain loop the compiler vectorises, which keeps them in memory (BUILD_NOTES.md
-// has the timings; experiments/native/gdn_token_bench.cc measures them).
+// has the timings; experiments/investigations/native/gdn_token_bench.cc measures them).
 //
 // Built with cpu_linear.cc into one library; loaded by mtpspec/kernels/cpu_gdn.py.
 

@@ -51,7 +51,7 @@ PALLAS_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 PALLAS_MAX_KEY_DIM = 256  # the state tile [k, block_v] f32 lives in registers
 PALLAS_BLOCK_V = 64  # value columns per program (the grid's third axis covers the rest)
 # Triton warps per program: 8 spilled far less than 4 when compiled offline for sm_90
-# (`experiments/triton_offline.py`, BUILD_NOTES.md); not timed on a GPU yet.
+# (`experiments/investigations/triton_offline.py`, BUILD_NOTES.md); not timed on a GPU yet.
 PALLAS_NUM_WARPS = 8
 PALLAS_MIN_TILE = 16  # Triton's smallest dot operand dimension
 PALLAS_CHUNK_SIZES = (16, 32, 64, 128)

@@ -1,9 +1,9 @@
 """Where one iteration of the compiled decoding loop spends its time, thunk by thunk: the native
 kernels by target, and XLA's own fusions ("glue") by the source function that emitted them.
 
-    python -m experiments.loop_profile --config=mtp:3
-    python -m experiments.loop_profile --config=none --depth=1 --top=15
-    python -m experiments.loop_profile --config=mtp:1x1x1x2     # a draft tree
+    python -m experiments.investigations.loop_profile --config=mtp:3
+    python -m experiments.investigations.loop_profile --config=none --depth=1 --top=15
+    python -m experiments.investigations.loop_profile --config=mtp:1x1x1x2     # a draft tree
 
 Runs the first demo prompt (batch 1, ``--max_new_tokens``) twice to compile and warm, a third time
 under ``jax.profiler``; then reads the trace's per-thunk durations and the HLO of that same

@@ -1,10 +1,11 @@
 """Offline check of the Pallas GDN kernel's GPU path, with no GPU: Pallas -> Triton IR -> PTX/cubin.
 
     # 1. with the project's JAX: lower the kernel for CUDA and write its Triton IR (TTIR) files
-    .venv/bin/python experiments/triton_offline.py dump /tmp/gdn_ttir
+    .venv/bin/python experiments/investigations/triton_offline.py dump /tmp/gdn_ttir
     # 2. with a separate venv holding the `triton` package (never beside the project's JAX):
     python3 -m venv /tmp/tri && /tmp/tri/bin/pip install triton==3.9.0
-    /tmp/tri/bin/python experiments/triton_offline.py compile /tmp/gdn_ttir [--num_warps=4]
+    /tmp/tri/bin/python experiments/investigations/triton_offline.py compile /tmp/gdn_ttir \
+        [--num_warps=4]
 
 Step 2 compiles each TTIR for sm_90 (Hopper) with the pip Triton's own pipeline and reports the
 cubin's resources (registers, stack = spilled/local arrays, shared memory) and whether the float32
@@ -34,7 +35,7 @@ CASES = [
 
 
 def dump(out_dir: pathlib.Path) -> None:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository
     import jax
     import jax.numpy as jnp
     from jax._src.pallas.triton import pallas_call_registration as registration

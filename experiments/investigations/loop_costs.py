@@ -2,8 +2,8 @@
 choice: the pieces timed alone (``analysis.piece_costs``) leave out how XLA compiles them
 together, this times the real loop.
 
-    python -m experiments.loop_costs --checkpoint=DIR --configs=none,ngram:2,mtp:1,mtp:2 \\
-        --attention=ffi,xla --linear=auto --repeats=5
+    python -m experiments.investigations.loop_costs --checkpoint=DIR \\
+        --configs=none,ngram:2,mtp:1,mtp:2 --attention=ffi,xla --linear=auto --repeats=5
 
 For each (configuration, attention, linear): the demo prompts at batch 1, ``--max_new_tokens``
 new tokens, timed round-robin with every other point (``--repeats`` rounds; median), the

@@ -4,7 +4,7 @@
 // registers (cpu_gdn.cc, Pick). Also checks that the three give the same bits.
 //
 //   g++ -O3 -std=c++17 -w -I"$(.venv/bin/python -c 'import jax.ffi; print(jax.ffi.include_dir())')" \
-//       experiments/native/gdn_token_bench.cc -o /tmp/gdn_token_bench
+//       experiments/investigations/native/gdn_token_bench.cc -o /tmp/gdn_token_bench
 //   /tmp/gdn_token_bench 64 && /tmp/gdn_token_bench 128
 //
 // Needs a CPU with AVX-512F (the AVX-512 column calls its loop unconditionally).

@@ -1,6 +1,6 @@
 """Stress the native kernels next to fresh XLA compiles, looking for the suite's rare crash.
 
-    python -m experiments.stress_native --iterations=200 [--linear=ffi|xla]
+    python -m experiments.investigations.stress_native --iterations=200 [--linear=ffi|xla]
 
 Each iteration decodes with MTP speculation at k = 1, 2, 3 on a tiny random model (the C++
 linear, GDN and attention kernels when ``--linear=ffi``), clears JAX's caches, then compiles and

@@ -1,6 +1,7 @@
 """Which model shape makes speculation pay on this machine? Issue 18's shape question, measured.
 
-    python -m experiments.shape_sweep --shapes=6x128,8x256,12x256,12x384,16x384 --num_draft=2,3
+    python -m experiments.investigations.shape_sweep --shapes=6x128,8x256,12x256,12x384,16x384 \
+        --num_draft=2,3
 
 For each shape LxH (``config.default_like(L, H)``: L layers, full attention every third like the
 default model, hidden H, heads of 32 / 64 dims sized from H, dense MLP 3H, byte vocabulary or

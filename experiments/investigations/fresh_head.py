@@ -1,8 +1,8 @@
 """Issue 18's first done-when, end to end: give a base model WITHOUT MTP weights a fresh MTP head,
 trained on a directory of text files, and measure what it buys on held-out prompts.
 
-    python -m experiments.fresh_head --workdir=/tmp/fresh_head --steps=300
-    python -m experiments.fresh_head --workdir=/tmp/fresh_head --steps=300   # again: resumes
+    python -m experiments.investigations.fresh_head --workdir=/tmp/fresh_head --steps=300
+    python -m experiments.investigations.fresh_head --workdir=/tmp/fresh_head --steps=300  # resumes
 
 1. WORKDIR/base: the shipped default model exported as an HF directory (``save_hf``) with its
    MTP head removed (config without MTP layers, no mtp.* tensors), byte tokenizer included.

@@ -1,7 +1,7 @@
 """Plain greedy with the C++ kernels against XLA's own path, quiet and beside a competing process
 that this script starts itself (a busy loop at a chosen niceness), rounds interleaved.
 
-    python -m experiments.contention --competitors=none,19,0 --rounds=6
+    python -m experiments.investigations.contention --competitors=none,19,0 --rounds=6
 
 Per competitor (``none``: nothing else running; a number: one ``while True: pass`` process at that
 niceness, started before its rounds and killed after): each round times ``--max_new_tokens`` of

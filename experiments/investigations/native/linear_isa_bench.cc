@@ -3,7 +3,7 @@
 // (512 KB, in L2) shows the arithmetic, n = 4096 (4 MB, from L3) the stream.
 //
 //   g++ -O3 -std=c++17 -w -I"$(.venv/bin/python -c 'import jax.ffi; print(jax.ffi.include_dir())')" \
-//       experiments/native/linear_isa_bench.cc -o /tmp/linear_isa_bench
+//       experiments/investigations/native/linear_isa_bench.cc -o /tmp/linear_isa_bench
 //   /tmp/linear_isa_bench 512 && /tmp/linear_isa_bench 4096
 //
 // Needs a CPU with AVX-512F (the AVX-512 column calls its loop unconditionally).
