@@ -64,18 +64,7 @@ cli.define_tree(
     ["2x1x1", "2x2x1", "3x2x1", "2x2x2", "2x2x1x1"],
     "Draft trees (b1xb2x...) swept beside the chains with proposer mtp (empty: none).",
 )
-flags.DEFINE_list(
-    "p_min",
-    [],
-    "Draft confidences (SpecConfig.p_min) swept for every k and proposer with probabilities "
-    "(mtp, draft) beside the fixed chains; with --adaptive also with the policy.",
-)
-flags.DEFINE_bool(
-    "adaptive",
-    False,
-    "Also sweep the adaptive draft-length policy (SpecConfig.adaptive) at the "
-    "largest k, alone and with each --p_min.",
-)
+cli.define_adaptive()
 flags.DEFINE_string(
     "peer_checkpoint",
     str(cli.ROOT / "tests" / "fixtures" / "hf" / "qwen3_next"),

@@ -9,6 +9,7 @@ A script calls the ``define_*`` groups it needs at import time:
                                    runs one configuration takes the one value with ``one(...)``)
     define_num_draft(...)          --num_draft alone
     define_tree(...)               --tree (draft trees b1xb2x..., a comma list; ``trees()``)
+    define_adaptive()              --p_min (comma list), --adaptive
     define_linear()                --linear
     define_attention()             --attention
     define_json_out()              --json_out
@@ -53,7 +54,7 @@ FLAGS = flags.FLAGS
 # The names the define_* groups below own: no tool defines one of these itself.
 SHARED_FLAGS = (
     "checkpoint", "draft_checkpoint", "proposer", "num_draft", "commit", "tree", "linear",
-    "attention", "json_out", "mesh",
+    "attention", "json_out", "mesh", "p_min", "adaptive",
 )  # fmt: skip
 
 
@@ -89,6 +90,21 @@ def define_num_draft(
 ):
     """--num_draft alone (``define_speculation`` includes it), for a tool that fixes the rest."""
     flags.DEFINE_list("num_draft", default, help_text)
+
+
+def define_adaptive():
+    """--p_min and --adaptive: the drafting that adapts, beside the fixed chains
+    (``analysis.adaptive_points``)."""
+    flags.DEFINE_list(
+        "p_min", [],
+        "Draft confidences (SpecConfig.p_min) swept for every k and proposer with probabilities "
+        "(mtp, draft) beside the fixed chains; with --adaptive also with the policy.",
+    )  # fmt: skip
+    flags.DEFINE_bool(
+        "adaptive", False,
+        "Also run the adaptive draft-length policy (SpecConfig.adaptive) at the largest k, alone "
+        "and with each --p_min.",
+    )  # fmt: skip
 
 
 def define_linear():

@@ -15,6 +15,7 @@ import pytest
 
 from mtpspec import analysis, models
 from mtpspec import config as C
+from tests import conftest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -171,10 +172,43 @@ def test_acceptance_by_context_position_by_hand():
     assert first["position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 0.0])
     assert second["steps"] == 3 and second["tau"] == pytest.approx((1 + 4 + 2) / 3)  # 9, 10, 14
     assert second["position_acceptance"] == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    # what an adapting draft length chose, per step: averaged per range beside τ
+    drafted = [[3, 1, 3, 2, -1], [2, 1]]
+    with_drafts = by_context_position([5, 1], [[2, 0, 3, 1, -1], [1, 0]], 3, 8, drafted=drafted)
+    assert [r["mean_drafted"] for r in with_drafts] == pytest.approx([(3 + 2 + 1) / 3, 2.0])
+    assert [r["tau"] for r in with_drafts] == [r["tau"] for r in rows]
+    assert "mean_drafted" not in first
+    with pytest.raises(ValueError, match="one entry per step"):
+        by_context_position([5, 1], [[2, 0], [1, 0]], 3, 8, drafted=[[3, 1], [2]])
     with pytest.raises(ValueError, match="bucket must be"):
         by_context_position([5], [[1]], k=1, bucket=0)
     with pytest.raises(ValueError, match="prompt lengths"):
         by_context_position([5, 6], [[1]], k=1, bucket=4)
+
+
+@pytest.mark.slow(20)
+def test_acceptance_reports_what_an_adapting_draft_length_chose_by_context_position(tmp_path):
+    """experiments.acceptance with --p_min / --adaptive: the fixed chain and the adapting
+    configurations, each with its drafts per step overall and per context range (the adaptive
+    policy's chosen k against context position)."""
+    out = tmp_path / "acc.json"
+    cmd = [
+        sys.executable, "-m", "experiments.acceptance", "--num_draft=2", "--p_min=0.5",
+        "--adaptive", "--max_new_tokens=32", "--by_position=16", f"--json_out={out}",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=conftest.subprocess_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["label"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"mtp k=2", "mtp k=2 p>=0.5", "mtp k=2 adaptive", "mtp k=2 adaptive p>=0.5"}
+    assert rows["mtp k=2"]["mean_drafted"] == 2.0  # a fixed chain drafts k every step
+    assert rows["mtp k=2 p>=0.5"]["mean_drafted"] < 2.0  # the cut shortens some windows
+    for r in rows.values():
+        assert r["by_position"] and 1.0 <= r["tau"] <= 3.0
+        for b in r["by_position"]:
+            assert 0.0 <= b["mean_drafted"] <= 2.0 and b["steps"] > 0
+        assert "drafts per step" in proc.stdout
 
 
 def test_loop_profile_maps_thunks_to_targets_and_source_functions():

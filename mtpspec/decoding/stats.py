@@ -39,14 +39,20 @@ def acceptance(
 
 
 def by_context_position(
-    prompt_lengths: Sequence[int], accepted: Iterable[Sequence[int]], k: int, bucket: int
+    prompt_lengths: Sequence[int],
+    accepted: Iterable[Sequence[int]],
+    k: int,
+    bucket: int,
+    drafted: Iterable[Sequence[int]] | None = None,
 ) -> list[dict]:
     """Acceptance by where in the context each verify step ran: a step of a sequence whose prompt
     had P tokens and whose earlier steps accepted a_1..a_{j-1} starts at context position
     P + 1 + Σ (a_i + 1) (the prefill token included). Steps are grouped into ``bucket``-token
     ranges of that position; per range: ``start``, ``steps``, ``tau`` (accepted + 1 per step:
     what the verifier accepted, cuts at EOS / max_new_tokens not subtracted) and
-    ``position_acceptance`` (k entries). Ranges with no step are left out."""
+    ``position_acceptance`` (k entries); with ``drafted`` (the result's ``stats["drafted"]``:
+    drafts in each step's window, what an adapting draft length chose) also ``mean_drafted``.
+    Ranges with no step are left out."""
     if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 1:
         raise ValueError(f"bucket must be an int >= 1, got {bucket!r}")
     accepted = [list(seq) for seq in accepted]
@@ -54,25 +60,31 @@ def by_context_position(
         raise ValueError(
             f"{len(prompt_lengths)} prompt lengths for {len(accepted)} sequences of steps"
         )
-    groups: dict[int, list[int]] = {}
-    for p, seq in zip(prompt_lengths, accepted, strict=True):
+    if drafted is not None:
+        drafted = [list(seq) for seq in drafted]
+        if [len(s) for s in drafted] != [len(s) for s in accepted]:
+            raise ValueError("drafted must have one entry per step of each sequence, as accepted")
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for i, (p, seq) in enumerate(zip(prompt_lengths, accepted, strict=True)):
         pos = int(p) + 1
-        for a in seq:
+        for j, a in enumerate(seq):
             if a < 0:
                 continue
-            groups.setdefault(pos // bucket, []).append(int(a))
+            d = k if drafted is None else int(drafted[i][j])
+            groups.setdefault(pos // bucket, []).append((int(a), d))
             pos += a + 1
     rows = []
     for g in sorted(groups):
-        acc = np.asarray(groups[g])
-        rows.append(
-            {
-                "start": g * bucket,
-                "steps": len(acc),
-                "tau": float((acc + 1).mean()),
-                "position_acceptance": [float((acc >= i).mean()) for i in range(1, k + 1)],
-            }
-        )
+        acc, dra = np.asarray(groups[g]).T
+        row = {
+            "start": g * bucket,
+            "steps": len(acc),
+            "tau": float((acc + 1).mean()),
+            "position_acceptance": [float((acc >= i).mean()) for i in range(1, k + 1)],
+        }
+        if drafted is not None:
+            row["mean_drafted"] = float(dra.mean())
+        rows.append(row)
     return rows
 
 
