@@ -53,7 +53,7 @@ def status() -> tuple[bool, str]:
 
 
 # The cost of running without them, as measured on the shipped model (BUILD_NOTES.md).
-MISSING_COST = "plain decoding on CPU runs ~1.5-1.8x slower on XLA's path"
+MISSING_COST = "plain decoding on CPU ran 1.5-1.9x slower on XLA's path"
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 

@@ -18,8 +18,10 @@ caller alone; 2: the caller and one helper of XLA's intra-op pool, what the 2-co
 this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (64-byte weight rows prefetched ahead of
 the FMAs; 0 = off). A bad value raises ValueError naming the variable.
 
-The instruction set changes results in their last bits (the AVX-512 loops take two tiles per
-pass), so every call of one program uses one; threads and prefetch change no value.
+Neither the instruction set nor threads nor prefetch change a value: the linear sums each output
+in one FMA chain over its inputs in order, and the GDN and attention kernels compute each lane's
+row alone, on either ISA (``tests/test_cpu_linear.py`` checks AVX2 against AVX-512 bit for bit);
+the settings are still part of each program's key.
 """
 
 from __future__ import annotations
