@@ -29,6 +29,7 @@ import statistics
 import tempfile
 
 import jax
+import numpy as np
 from absl import app, flags
 
 from experiments import cli
@@ -40,6 +41,10 @@ flags.DEFINE_string(
     "config", "mtp:3", "proposer:k, proposer:b1xb2x... or proposer:tree=b1 (a tree), or none."
 )
 flags.DEFINE_integer("max_new_tokens", 128, "New tokens.")
+flags.DEFINE_integer(
+    "draft_vocab", 0, "MTP drafts among the N lowest ids (0: the whole vocabulary)."
+)
+flags.DEFINE_string("commit", "replay", "GDN commit strategy: replay, states or scan.")
 flags.DEFINE_integer("depth", 2, "Innermost source functions that name a glue fusion.")
 flags.DEFINE_integer("top", 25, "Glue sources to list.")
 
@@ -117,9 +122,11 @@ def thunk_medians(trace_dir: str, per: int) -> dict[str, tuple[float, int]]:
 
 def main(argv):
     del argv
-    config, params = checkpoints.load(FLAGS.checkpoint)
-    tok = cli.tokenizer_for(config, FLAGS.checkpoint)
-    prompt = tok.encode(cli.demo_texts()[0])
+    config, params = checkpoints.load(FLAGS.checkpoint, for_decoding=True)
+    try:
+        prompt = cli.tokenizer_for(config, FLAGS.checkpoint).encode(cli.demo_texts()[0])
+    except OSError:  # no tokenizer (the real-size fixture): the prompt's bytes as ids
+        prompt = list(cli.demo_texts()[0].encode())
     proposer, _, k = FLAGS.config.partition(":")
     spec = None
     if proposer != "none":
@@ -128,7 +135,13 @@ def main(argv):
         tree = cli.parse_tree(k.removeprefix("tree="), "--config") if "x" in k or "=" in k else None
         if tree is None and not k.isdigit():
             raise app.UsageError(f"--config: {FLAGS.config!r}: k must be an int (mtp:3)")
-        spec = decoding.SpecConfig(proposer, len(tree) if tree else int(k), tree=tree)
+        vocab = None
+        if FLAGS.draft_vocab:
+            ids = np.arange(FLAGS.draft_vocab)
+            vocab = decoding.DraftVocab(ids, vocab_size=config.vocab_size, source="lowest ids")
+        spec = decoding.SpecConfig(
+            proposer, len(tree) if tree else int(k), FLAGS.commit, tree=tree, draft_vocab=vocab
+        )
 
     def go():
         return decoding.generate(
