@@ -154,3 +154,25 @@ def test_norms_keep_bf16_dtype():
     x = jnp.ones((2, 8), jnp.bfloat16)
     assert ops.rms_norm(x, jnp.zeros(8)).dtype == jnp.bfloat16
     assert ops.l2_norm(x).dtype == jnp.bfloat16
+
+
+def test_argmax_is_jnp_argmax_on_vocabulary_axes():
+    """``ops.argmax`` (two plain reductions from TWO_PASS_FROM entries on) gives ``jnp.argmax``'s
+    index: random rows, ties (the lowest index), a NaN (the first NaN), all -inf, +inf; short
+    axes take jnp.argmax itself."""
+    from mtpspec.ops import reduce
+
+    rng = np.random.default_rng(3)
+    for shape in [(3, reduce.TWO_PASS_FROM), (2, 3, 9001), (4, 17)]:
+        x = rng.standard_normal(shape).astype(np.float32)
+        x[0, ..., 5] = x[0, ..., 7] = 9.0  # a tie: 5
+        x[1, ..., 11] = np.nan  # a NaN (and a later one): the first
+        x[1, ..., 13] = np.nan
+        x[-1, ...] = -np.inf  # all -inf: 0
+        if len(shape) == 2:
+            x[2, 3] = np.inf
+        got = jax.jit(ops.argmax)(jnp.asarray(x))
+        want = jnp.argmax(jnp.asarray(x), axis=-1)
+        assert got.dtype == jnp.int32 and got.shape == shape[:-1]
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert "reduce" in jax.jit(ops.argmax).lower(jnp.zeros((1, 9001))).as_text()

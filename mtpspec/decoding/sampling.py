@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mtpspec import compiled
+from mtpspec import compiled, ops
 
 
 def _is_real(x) -> bool:  # Python and NumPy numbers, not bools
@@ -172,7 +172,7 @@ class Sampling:
     def select(self, logits: jax.Array, draws: Draws) -> jax.Array:
         """Ids [b, ...] from logits [b, ..., V]: argmax when greedy, else one draw per row."""
         if self.greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            return ops.argmax(logits)
         logp = filtered_log_probs(logits, *draws.knobs)
         return _categorical_rows(draws.keys, logp)
 
@@ -220,7 +220,7 @@ def filtered_log_probs(logits: jax.Array, temperature, top_k=0, top_p=1.0, min_p
     iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, nd - 1)
     greedy = t <= 0.0
     z = (x - jnp.max(x, axis=-1, keepdims=True)) / jnp.where(greedy, 1.0, t)
-    one_hot = jnp.where(iota == jnp.argmax(x, axis=-1)[..., None], 0.0, -jnp.inf)
+    one_hot = jnp.where(iota == ops.argmax(x)[..., None], 0.0, -jnp.inf)
     z = jnp.where(greedy, one_hot, z)
     k_eff = jnp.where((k > 0) & (k < vocab), k, vocab)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from mtpspec import ops
 from mtpspec.models.tree import TreeShape, Window
 
 
@@ -42,7 +43,7 @@ def accept_greedy(w: Window, logits, tokens, drafted=None):
     sequence drafted only the rows of depth <= drafted (an adaptive chain's shorter window).
     Returns (node [b] the deepest accepted row, the new token [b] = the target's argmax there);
     the accepted drafts are ``w.row_depth[node]``."""
-    target = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, R]
+    target = ops.argmax(logits)  # [b, R]
     parent = jnp.asarray(w.parent)
     ok = tokens == target[:, jnp.maximum(parent, 0)]  # [b, R] (row 0's value is unused)
     ok = ok.at[:, 0].set(True)

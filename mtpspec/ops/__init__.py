@@ -11,6 +11,7 @@ c channels, w conv width.
   causal_conv1d / causal_conv1d_step / conv_window_after   depthwise causal conv with SiLU
   causal_conv1d_tree          the same conv along each row's path of a tree
   l2_norm / rms_norm / gated_rms_norm
+  argmax                      jnp.argmax over the last axis, vectorised on long (vocabulary) axes
 """
 
 from mtpspec.ops.conv import (
@@ -30,10 +31,12 @@ from mtpspec.ops.gdn.api import (
 from mtpspec.ops.gdn.common import GDNAux, expand_key_heads, state_after
 from mtpspec.ops.gdn.tree import gated_delta_rule_tree
 from mtpspec.ops.norms import gated_rms_norm, l2_norm, rms_norm
+from mtpspec.ops.reduce import argmax
 
 __all__ = [
     "GDN_METHODS",
     "GDNAux",
+    "argmax",
     "causal_conv1d",
     "commit_state",
     "causal_conv1d_step",

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from mtpspec import ops
 from mtpspec.decoding import adaptive
 from mtpspec.decoding.sampling import filtered_log_probs, sample_rows
 from mtpspec.models.state import DecodeState
@@ -154,7 +155,7 @@ class Drafted(NamedTuple):
 def top_b(logits, b: int):
     """The b most likely ids [..., b] (ties: the lower id first, as argmax)."""
     if b == 1:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)[..., None]
+        return ops.argmax(logits)[..., None]
     return jax.lax.top_k(logits, b)[1].astype(jnp.int32)
 
 
