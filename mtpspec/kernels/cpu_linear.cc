@@ -10,8 +10,8 @@
 // left to GCC, the 5- and 6-row blocks kept their accumulators in memory (2-3x slower). The `isa`
 // attribute picks the inner loop: 0 AVX2 (16 columns in two 8-lane halves, up to 4 tiles side by
 // side), 1 AVX-512F (a tile per register, up to 8 tiles side by side, so one broadcast input
-// feeds several 16-lane FMAs: pairs were 1.4-1.7x faster than single tiles at 4-6 rows; BUILD_NOTES,
-// 2026-12-03). The Python side resolves "auto" with `mtpspec_cpu_linear_avx512()`.
+// feeds several 16-lane FMAs; see kIsas). The Python side resolves "auto" with
+// `mtpspec_cpu_linear_avx512()`.
 //
 // Built by the package's install step (setup.py, optional); loaded with ctypes by
 // mtpspec/kernels/library.py, which checks `mtpspec_cpu_linear_supported()` first (the whole library
@@ -197,7 +197,9 @@ __attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t 
 // For R = 1..6 rows, the blocks of 1, 2, 4 and 8 tiles side by side (fns[R][log2 P]; nullptr
 // past most[R]), most[R] chosen so the accumulators fit the registers with at least 8 chains:
 // AVX2 (16 registers, 2 per tile and row) 1 row x 4 tiles, 2-3 rows x 2, 4-6 rows x 1; AVX-512
-// (32 registers, 1 per tile and row) 1 row x 8, 2-3 rows x 4, 4-6 rows x 2. A column's value is
+// (32 registers, 1 per tile and row, plus P weights and a broadcast: R P + P + 1 <= 32) 1-2 rows
+// x 8, 3-6 rows x 4 (against 2-3 x 4 and 4-6 x 2 before: a 4-row MTP k = 3 window at Qwen3.5's
+// size 0.1 of a step cheaper, prefills ~8 % faster; BUILD_NOTES 2026-12-07). A column's value is
 // the same in any of them.
 using BlockFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t,
                          int64_t);
@@ -217,12 +219,12 @@ constexpr Isa kIsas[2] = {
      {0, 2, 1, 1, 0, 0, 0}},
     {{{},
       {Block512<1, 1, W>, Block512<1, 2, W>, Block512<1, 4, W>, Block512<1, 8, W>},
-      {Block512<2, 1, W>, Block512<2, 2, W>, Block512<2, 4, W>},
+      {Block512<2, 1, W>, Block512<2, 2, W>, Block512<2, 4, W>, Block512<2, 8, W>},
       {Block512<3, 1, W>, Block512<3, 2, W>, Block512<3, 4, W>},
-      {Block512<4, 1, W>, Block512<4, 2, W>},
-      {Block512<5, 1, W>, Block512<5, 2, W>},
-      {Block512<6, 1, W>, Block512<6, 2, W>}},
-     {0, 3, 2, 2, 1, 1, 1}}};
+      {Block512<4, 1, W>, Block512<4, 2, W>, Block512<4, 4, W>},
+      {Block512<5, 1, W>, Block512<5, 2, W>, Block512<5, 4, W>},
+      {Block512<6, 1, W>, Block512<6, 2, W>, Block512<6, 4, W>}},
+     {0, 3, 3, 2, 2, 2, 2}}};
 
 // bf16 tiles are widened once per row block from this many rows on (below, in the inner loop:
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
