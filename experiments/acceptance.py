@@ -46,10 +46,6 @@ def points() -> list[analysis.Point]:
     return fixed + extra
 
 
-def label(point: analysis.Point) -> str:
-    return f"{point.proposer} k={point.k}" + (f" {point.variant}" if point.variant else "")
-
-
 def main(argv):
     del argv
     config, params = checkpoints.load(FLAGS.checkpoint)
@@ -63,11 +59,11 @@ def main(argv):
         )
         rates = ", ".join(f"{x:.3f}" for x in r.stats["position_acceptance"])
         print(
-            f"{FLAGS.checkpoint}: {label(point)} tau {r.stats['tau']:.3f}, per-position "
+            f"{FLAGS.checkpoint}: {point.label} tau {r.stats['tau']:.3f}, per-position "
             f"acceptance [{rates}], drafts per step {r.stats['mean_drafted']:.2f}"
         )
         row = dict(proposer=point.proposer, num_draft=point.k, p_min=point.p_min,
-                   adaptive=point.adaptive, label=label(point), tau=r.stats["tau"],
+                   adaptive=point.adaptive, label=point.label, tau=r.stats["tau"],
                    position_acceptance=r.stats["position_acceptance"],
                    mean_drafted=r.stats["mean_drafted"])  # fmt: skip
         if FLAGS.by_position:

@@ -70,14 +70,6 @@ COPY_BYTES = 1 << 32  # 4 GiB read + 4 GiB written: far beyond the L2
 SMOKE = dict(max_new_tokens=12, repeats=2, window_rows=4, copy_bytes=1 << 24)
 
 
-def label(pt: Point) -> str:
-    if pt.proposer == "none":
-        return "plain greedy"
-    if pt.tree is not None:
-        return f"{pt.proposer} tree {'x'.join(map(str, pt.tree))}"
-    return f"{pt.proposer} k={pt.k}"
-
-
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:
     """Device memory bandwidth (bytes read + written per second) of an elementwise pass."""
     x = jax.random.uniform(jax.random.key(1), (nbytes // 4,), jnp.float32)
@@ -111,7 +103,7 @@ def sweep_rows(config, params, prompts, points, cfg) -> tuple[list[dict], list[s
     for pt in points:
         e2e, dec = throughput(timed, pt)
         row = {
-            "point": label(pt),
+            "point": pt.label,
             "tokens": sum(map(len, timed.tokens[pt])),
             "e2e_tok_s": e2e,
             "decode_tok_s": dec,
@@ -127,7 +119,7 @@ def sweep_rows(config, params, prompts, points, cfg) -> tuple[list[dict], list[s
             row["equals_plain"] = bad is None
             if bad is not None:
                 row["first_mismatch"] = bad
-                failures.append(f"{label(pt)} differs from plain greedy at prompt/position {bad}")
+                failures.append(f"{pt.label} differs from plain greedy at prompt/position {bad}")
         rows.append(row)
     return rows, failures
 

@@ -134,7 +134,7 @@ def main(argv):
     acc = tree_plan.rank_acceptance(
         config, params, prompts, measuring, max_new_tokens=FLAGS.rank_tokens or FLAGS.max_new_tokens
     )
-    shown = "x".join(map(str, measuring))
+    shown = shape_text(measuring)
     print(
         f"\nrank acceptance (greedy, measuring tree {shown}, {acc.steps} steps, "
         f"τ {acc.measured_tau:.3f}):"
@@ -213,7 +213,7 @@ def main(argv):
         "bound_rules_trees_out": top[0]["bound"] < model_chain["bound"],
         "best_tree_at_least_as_fast": wins,
         "settings": dict(max_new_tokens=FLAGS.max_new_tokens, repeats=FLAGS.repeats,
-                         rank_tree="x".join(map(str, measuring)), max_nodes=FLAGS.max_nodes,
+                         rank_tree=shown, max_nodes=FLAGS.max_nodes,
                          prompts=len(prompts), jax=jax.__version__),
     })  # fmt: skip
 

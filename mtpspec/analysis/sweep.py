@@ -46,6 +46,14 @@ class Point(NamedTuple):
         return " ".join(parts)
 
     @property
+    def label(self) -> str:
+        """ "plain greedy", "mtp k=3", "mtp tree 2x2", "mtp k=3 adaptive p>=0.3"."""
+        if self.proposer == "none":
+            return "plain greedy"
+        shape = f"tree {'x'.join(map(str, self.tree))}" if self.tree else f"k={self.k}"
+        return f"{self.proposer} {shape}" + (f" {self.variant}" if self.variant else "")
+
+    @property
     def program(self) -> tuple:
         """What the prefill part depends on (not the commit strategy)."""
         return (self.proposer, self.k, self.linear, self.tree, self.adapts)
