@@ -85,19 +85,21 @@ def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed, isa):
 @built
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 7])
 def test_avx512_pairs_change_no_value(rows):
-    """AVX-512 takes full tiles two at a time: a column's value is the same whether its tile was
-    paired (32 output columns) or alone (16), so how the threads' chunks pair tiles is moot."""
+    """AVX-512 takes up to 8 full tiles side by side (a packed group's row): a column's value is
+    the same whatever tiles its own was taken with (8, 4, 2 or alone, in the first or a later
+    group, or the partial last tile), so how the threads' chunks split tiles is moot."""
     if "avx512" not in ISAS:
         pytest.skip("this CPU lacks AVX-512F")
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 70)).astype(np.float32)
-    w = rng.standard_normal((70, 48)).astype(np.float32)
+    w = rng.standard_normal((70, 300)).astype(np.float32)  # 2 groups, then 2 tiles + 12 columns
     f = users_jit(cpu_linear.apply, static_argnums=2)
     with kernel_settings.use(KernelSettings(isa="avx512")):
-        paired = np.asarray(f(x, cpu_linear.pack(w), 48))  # tiles 0-1 paired, tile 2 alone
-        for t in range(3):
-            alone = np.asarray(f(x, cpu_linear.pack(w[:, 16 * t : 16 * t + 16]), 16))
-            np.testing.assert_array_equal(paired[:, 16 * t : 16 * t + 16], alone)
+        together = np.asarray(f(x, cpu_linear.pack(w), 300))
+        for t in range(19):
+            cols = slice(16 * t, min(16 * t + 16, 300))
+            alone = np.asarray(f(x, cpu_linear.pack(w[:, cols]), cols.stop - cols.start))
+            np.testing.assert_array_equal(together[:, cols], alone)
 
 
 @built
@@ -107,26 +109,27 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
     """Each output is summed in one order whatever the row count it is called with (issue 35):
     row r of an R-row call (a verify window, a prefill) equals the same row called alone (a
     decode step) bit for bit, on every instruction set, and both instruction sets agree. 301
-    inputs take several L1 chunks and leave a remainder. Negative control: the same products
+    inputs take several input chunks and leave a remainder; 300 outputs are two packed groups
+    (8 tiles side by side), two full tiles and a partial one. Negative control: the same products
     summed in another order differ, so bit equality is a real check."""
     rng = np.random.default_rng(d_in)
     x = rng.standard_normal((131, d_in)).astype(np.float32)
-    w = rng.standard_normal((d_in, 40)).astype(np.float32)
+    w = rng.standard_normal((d_in, 300)).astype(np.float32)
     wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
     f = users_jit(cpu_linear.apply, static_argnums=2)
     by_isa = []
     for isa in ISAS:  # one jitted f: JAX's caches key on the settings, so each ISA is traced
         with kernel_settings.use(KernelSettings(isa=isa)):
-            assert f"isa = {cpu_linear.isa_code(isa)} : i64" in f.lower(x, wp, 40).as_text()
-            alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 40)) for i in range(len(x))])
+            assert f"isa = {cpu_linear.isa_code(isa)} : i64" in f.lower(x, wp, 300).as_text()
+            alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 300)) for i in range(len(x))])
             for rows in (2, 3, 4, 5, 6, 7, 13, 64, 131):
-                np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 40)), alone[:rows])
+                np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 300)), alone[:rows])
         by_isa.append(alone)
     for other in by_isa[1:]:
         np.testing.assert_array_equal(other, by_isa[0])
     perm = rng.permutation(d_in)
     w_perm = jnp.asarray(w[perm], storage)
-    reordered = np.asarray(f(x[:, perm], cpu_linear.pack(w_perm, jnp.dtype(storage)), 40))
+    reordered = np.asarray(f(x[:, perm], cpu_linear.pack(w_perm, jnp.dtype(storage)), 300))
     assert not np.array_equal(reordered, by_isa[0])
     np.testing.assert_allclose(reordered, by_isa[0], rtol=1e-4, atol=1e-4)
 
@@ -163,11 +166,13 @@ def test_kernel_inside_a_while_loop_matches_xla():
 
 
 def test_pack_round_trips():
-    w = jnp.asarray(np.random.default_rng(2).standard_normal((9, 37)).astype(np.float32))
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((9, 300)).astype(np.float32))
     wp = cpu_linear.pack(w)
-    assert wp.shape == cpu_linear.packed_shape(9, 37) == (3, 9, 16)
-    assert (cpu_linear.unpack(wp, 37) == w).all()
-    assert (np.asarray(wp)[2, :, 5:] == 0).all()  # the padding past column 37
+    assert wp.shape == cpu_linear.packed_shape(9, 300) == (3, 9, 128)
+    assert (cpu_linear.unpack(wp, 300) == w).all()
+    assert (np.asarray(wp)[1, :, 5] == np.asarray(w)[:, 133]).all()  # group 1 is columns 128..255
+    assert (np.asarray(wp)[2, :, 44:] == 0).all()  # the padding past column 300
+    assert (cpu_linear.unpack(cpu_linear.pack_rows(w.T), 300) == w).all()
 
 
 @pytest.mark.parametrize("impl", ["xla", pytest.param("ffi", marks=built)])

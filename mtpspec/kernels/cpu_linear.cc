@@ -1,12 +1,17 @@
 // y = x W for a few rows on CPU, streaming W once: the decode step (1 row) and the speculative
 // verify window (k + 1 rows) of mtpspec's inference path, called from XLA through its typed FFI.
 //
-// W is packed once at load as [tiles, in, 16] float32 or bfloat16: tile j holds output columns 16j..16j+15
-// (zero-padded past `out`), row i of a tile is the 16 weights that input i feeds. Each tile is
-// read from memory once per call (software-prefetched `prefetch` rows ahead, so the stream
-// overlaps the arithmetic of a multi-row window) and re-read from L1/L2 for every further block
-// of rows. Every output is one FMA chain over the inputs in order, so a row's value does not
-// depend on how many rows the call has (see TileRows). The row and tile loops are force-unrolled:
+// W is packed once at load as [groups, in, 128] float32 or bfloat16: group g holds output columns
+// 128g..128g+127 (zero-padded past `out`), row i of a group is the 128 weights that input i feeds,
+// and a group is 8 tiles of 16 columns side by side (tile j is columns 16j..16j+15, at offset
+// 16 (j mod 8) of its group's rows). So a decode step's 8 tiles side by side read one contiguous
+// stream (a row of a group after the other) instead of 8 streams, one per tile: 1.16-1.44x the
+// bytes per second in a standalone loop on a 2-core EPYC, ~2 % on a real-size decode step
+// (BUILD_NOTES 2026-12-07). Each weight is read from memory once per call (software-prefetched
+// `prefetch` group rows ahead, so the stream overlaps the arithmetic of a multi-row window) and
+// re-read from L1 for every further pass over it (RowTiles). Every output is one FMA chain over
+// the inputs in order, so a row's value does not depend on how many rows the call has (see
+// TileRows). The row and tile loops are force-unrolled:
 // left to GCC, the 5- and 6-row blocks kept their accumulators in memory (2-3x slower). The `isa`
 // attribute picks the inner loop: 0 AVX2 (16 columns in two 8-lane halves, up to 4 tiles side by
 // side), 1 AVX-512F (a tile per register, up to 8 tiles side by side, so one broadcast input
@@ -37,7 +42,9 @@ extern "C" int mtpspec_cpu_linear_avx512() {
 
 namespace {
 
-constexpr int64_t kTile = 16;
+constexpr int64_t kTile = 16;   // output columns a register (AVX-512) or two (AVX2) holds
+constexpr int64_t kGroup = 8;   // tiles per packed row
+constexpr int64_t kLd = kTile * kGroup;  // columns per packed row: a weight row's stride
 
 // Weights are float32 or bfloat16 (uint16: the top half of a float32). A bf16 weight is widened
 // exactly (moved into the top half) in registers, so a bf16 tile gives bit for bit what the
@@ -95,26 +102,51 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
 // on how many rows shared its registers. (Sets and tiles hide latency alike: R rows x P tiles
 // take max(4 / P, R) cycles per tile and input, as R rows x S sets did with max(4 / S, R).)
 //
-// R rows (x[r] = x + r * k) of P tiles (tile p at w + p * k * 16) into out[r * ldo + 16 p ..
-// + 16).
+// R rows (x[r] = x + r * k) of P tiles (input i's weights of tile p at w + i * ld + 16 p) over
+// inputs [i0, i1) into out[r * ldo + 16 p .. + 16): from zero when i0 == 0, else continuing the
+// partial sums out holds (a float32 store and load change no value, so a chain split into input
+// chunks is the same chain). pf > 0: prefetch `pfb` bytes of the weight row pf rows ahead.
 template <int R, int P, typename W>
-__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, const W* w,
-                                                         float* out, int64_t ldo, int64_t pf) {
-  const int64_t stride = k * kTile;  // from one tile to the next
+__attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, int64_t i0,
+                                                         int64_t i1, const W* w, int64_t ld,
+                                                         float* out, int64_t ldo, int64_t pf,
+                                                         int64_t pfb) {
   __m256 acc[R][P][2];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
+    for (int p = 0; p < P; ++p) {
+      if (i0 == 0) {
+        acc[r][p][0] = acc[r][p][1] = _mm256_setzero_ps();
+      } else {
+        acc[r][p][0] = _mm256_loadu_ps(out + r * ldo + p * kTile);
+        acc[r][p][1] = _mm256_loadu_ps(out + r * ldo + p * kTile + 8);
+      }
+    }
+  if constexpr (sizeof(W) == 2) {  // the bf16 lane order (Load16): columns {0-3, 8-11}, {4-7, 12-15}
+    if (i0 > 0) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int p = 0; p < P; ++p) {
+          const __m256 a = acc[r][p][0], b = acc[r][p][1];
+          acc[r][p][0] = _mm256_permute2f128_ps(a, b, 0x20);
+          acc[r][p][1] = _mm256_permute2f128_ps(a, b, 0x31);
+        }
+    }
+  }
+  for (int64_t i = i0; i < i1; ++i) {
+    if (pf) {
+      const char* ahead = reinterpret_cast<const char*>(w + (i + pf) * ld);
+      for (int64_t b = 0; b < pfb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
 #pragma GCC unroll 8
     for (int p = 0; p < P; ++p) {
       // Where the accumulators, a tile's two weight vectors and R broadcast inputs kept for the
       // next tile would not fit 16 registers (3 rows x 2 tiles), GCC spilled two accumulators;
       // an empty asm with a memory clobber makes it broadcast the inputs again (a cheap load).
       if constexpr (2 * R * P + R + 2 > 16) asm volatile("" ::: "memory");
-      const W* wi = w + p * stride + i * kTile;
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
+      const W* wi = w + i * ld + p * kTile;
       __m256 w0, w1;
       Load16(wi, w0, w1);
 #pragma GCC unroll 8
@@ -131,18 +163,20 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
     for (int p = 0; p < P; ++p) Store16<W>(out + r * ldo + p * kTile, acc[r][p][0], acc[r][p][1]);
 }
 
-// R rows of P tiles, written straight to y or, for one partial last tile (P = 1), via buf.
+// R rows of P tiles, written straight to y or, for one partial last tile (P = 1, width < 16:
+// called for all inputs at once), via buf.
 template <int R, int P, typename W>
-__attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k, const void* wv,
+__attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k, int64_t i0,
+                                                      int64_t i1, const void* wv, int64_t ld,
                                                       float* y, int64_t n, int64_t c0,
-                                                      int64_t width, int64_t pf) {
+                                                      int64_t width, int64_t pf, int64_t pfb) {
   const W* wt = static_cast<const W*>(wv);
   if (P > 1 || width == kTile) {
-    TileRows<R, P, W>(x, k, wt, y + c0, n, pf);
+    TileRows<R, P, W>(x, k, i0, i1, wt, ld, y + c0, n, pf, pfb);
     return;
   }
   alignas(32) float buf[R * kTile];
-  TileRows<R, 1, W>(x, k, wt, buf, kTile, pf);
+  TileRows<R, 1, W>(x, k, 0, k, wt, ld, buf, kTile, pf, pfb);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
@@ -150,22 +184,24 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
 // The same with AVX-512 (where the CPU has it): a tile's 16 columns are one 512-bit register;
 // with 32 registers more tiles go side by side (one broadcast input feeds P FMAs).
 template <int R, int P, typename W>
-__attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k, const W* w,
-                                                           float* out, int64_t ldo, int64_t pf) {
-  const int64_t stride = k * kTile;
+__attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k, int64_t i0,
+                                                           int64_t i1, const W* w, int64_t ld,
+                                                           float* out, int64_t ldo, int64_t pf,
+                                                           int64_t pfb) {
   __m512 acc[R][P];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < k; ++i) {
+    for (int p = 0; p < P; ++p)
+      acc[r][p] = i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + p * kTile);
+  for (int64_t i = i0; i < i1; ++i) {
+    if (pf) {
+      const char* ahead = reinterpret_cast<const char*>(w + (i + pf) * ld);
+      for (int64_t b = 0; b < pfb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     __m512 wv[P];
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) {
-      const W* wi = w + p * stride + i * kTile;
-      if (pf) _mm_prefetch(reinterpret_cast<const char*>(wi + pf * kTile), _MM_HINT_T0);
-      wv[p] = Load16x512(wi);
-    }
+    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + i * ld + p * kTile);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * k + i]);
@@ -180,16 +216,17 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
 }
 
 template <int R, int P, typename W>
-__attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k, const void* wv,
+__attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t k, int64_t i0,
+                                                        int64_t i1, const void* wv, int64_t ld,
                                                         float* y, int64_t n, int64_t c0,
-                                                        int64_t width, int64_t pf) {
+                                                        int64_t width, int64_t pf, int64_t pfb) {
   const W* wt = static_cast<const W*>(wv);
   if (P > 1 || width == kTile) {
-    TileRows512<R, P, W>(x, k, wt, y + c0, n, pf);
+    TileRows512<R, P, W>(x, k, i0, i1, wt, ld, y + c0, n, pf, pfb);
     return;
   }
   alignas(64) float buf[R * kTile];
-  TileRows512<R, 1, W>(x, k, wt, buf, kTile, pf);
+  TileRows512<R, 1, W>(x, k, 0, k, wt, ld, buf, kTile, pf, pfb);
   for (int r = 0; r < R; ++r)
     for (int64_t c = 0; c < width; ++c) y[r * n + c0 + c] = buf[r * kTile + c];
 }
@@ -198,11 +235,9 @@ __attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t 
 // past most[R]), most[R] chosen so the accumulators fit the registers with at least 8 chains:
 // AVX2 (16 registers, 2 per tile and row) 1 row x 4 tiles, 2-3 rows x 2, 4-6 rows x 1; AVX-512
 // (32 registers, 1 per tile and row, plus P weights and a broadcast: R P + P + 1 <= 32) 1-2 rows
-// x 8, 3-6 rows x 4 (against 2-3 x 4 and 4-6 x 2 before: a 4-row MTP k = 3 window at Qwen3.5's
-// size 0.1 of a step cheaper, prefills ~8 % faster; BUILD_NOTES 2026-12-07). A column's value is
-// the same in any of them.
-using BlockFn = void (*)(const float*, int64_t, const void*, float*, int64_t, int64_t, int64_t,
-                         int64_t);
+// x 8, 3-6 rows x 4. A column's value is the same in any of them.
+using BlockFn = void (*)(const float*, int64_t, int64_t, int64_t, const void*, int64_t, float*,
+                         int64_t, int64_t, int64_t, int64_t, int64_t);
 struct Isa {
   BlockFn fns[7][4];
   int most[7];  // log2 of the most tiles side by side for R rows
@@ -226,68 +261,94 @@ constexpr Isa kIsas[2] = {
       {Block512<6, 1, W>, Block512<6, 2, W>, Block512<6, 4, W>}},
      {0, 3, 3, 2, 2, 2, 2}}};
 
-// bf16 tiles are widened once per row block from this many rows on (below, in the inner loop:
+// bf16 weights are widened once per input chunk from this many rows on (below, in the inner loop:
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
 constexpr int64_t kWidenRows = 12;
 
-// count bf16 values (uint16 bit patterns) -> float32, exactly; count is a multiple of 16.
-__attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t count,
-                                                      float* out) {
-  for (int64_t i = 0; i < count; i += 16) {
-    __m256 a, b;
-    Load16InOrder(w + i, a, b);
-    _mm256_storeu_ps(out + i, a);
-    _mm256_storeu_ps(out + i + 8, b);
+// Inputs per chunk where a set of tiles takes several passes (row blocks, or blocks narrower
+// than the set): every pass over a chunk finds its weights in L1 (64 rows of 128 bf16 weights:
+// 16 KB), so the set streams from memory once, in the order it is stored. 64 and 128 measured
+// alike (BUILD_NOTES 2026-12-07).
+constexpr int64_t kChunk = 64;
+
+// The `width` columns from w (a multiple of 16) of inputs [i0, i1), ld apart, bf16 (uint16 bit
+// patterns) -> float32 rows of `width` from out, exactly.
+__attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t i0, int64_t i1,
+                                                      int64_t ld, int64_t width, float* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < width; j += 16) {
+      __m256 a, b;
+      Load16InOrder(w + i * ld + j, a, b);
+      _mm256_storeu_ps(out + (i - i0) * width + j, a);
+      _mm256_storeu_ps(out + (i - i0) * width + j + 8, b);
+    }
   }
 }
-inline void Widen(const float*, int64_t, float*) {}  // float32 weights are never widened
+inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  // never widened
 
-// Rows [r0, r0 + rows) of output columns [16 t0, 16 t1): rows in blocks of 6, then one block of
-// the 1-5 left over, so a window of up to 6 rows reads each tile from memory once; tiles in
-// groups as wide as the leading block allows (Isa::most; the group narrows at the range's end
-// and for the partial last tile, and the left-over block goes through it in narrower steps where
-// it must). Only the first block of a group prefetches (the later ones find it in L1 or L2).
-// `wide` (bf16 weights, many rows): each group is widened to float32 once into `buf` and every
-// block runs the float32 loop on it, instead of widening in every block's inner loop (the
-// conversion cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact,
-// so the result is bit for bit the same.
+// Rows [r0, r0 + rows) of output columns [16 t0, 16 t1) (t0 a multiple of kGroup). Tiles go in
+// sets of S side by side: a whole packed group's row (8) where the range has it, narrower at its
+// end (a power of two; it only ever narrows, so a set never crosses a group) and 1 for the
+// partial last tile. Rows go in blocks of 6, then one block of the 1-5 left over, each block
+// taking as many of the set's tiles side by side as its registers allow (Isa::most). One block
+// covering the set (1-2 rows on AVX-512) streams it in one pass; otherwise the passes run input
+// chunk by input chunk (kChunk), the first one prefetching the set's whole row, so the set
+// still streams from memory once and in order, and a window of up to 6 rows reads every weight
+// once. `wide` (bf16 weights, many rows): each chunk of the set is widened to float32 once into
+// `buf` and every block runs the float32 loop on it, instead of widening in every block's inner
+// loop (the conversion cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening
+// is exact, so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
               const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
-  const Isa& use = wide != nullptr ? *wide : isa;
   const int64_t lead = std::min<int64_t>(rows, 6);
   const int64_t rest = rows % 6 == 0 || rows < 6 ? 0 : rows % 6;  // rows of the left-over block
   const int64_t full_tiles = n / kTile;
   for (int64_t t = t0; t < t1;) {
     const int64_t c0 = t * kTile;
     const int64_t full = std::min(t1, full_tiles) - t;  // full tiles from t in this range
-    int lg = use.most[lead];
-    while (lg > 0 && (int64_t{1} << lg) > full) --lg;
-    const int64_t g = int64_t{1} << lg;
-    const int64_t width = g > 1 ? g * kTile : std::min(kTile, n - c0);
-    const W* wt = w + t * k * kTile;
-    const void* tile = wt;
-    int64_t tile_pf = pf;
-    if (wide != nullptr) {
-      Widen(wt, g * k * kTile, buf);
-      tile = buf;
-      tile_pf = 0;
-    }
-    int64_t r = 0;
-    for (; r + lead <= rows; r += lead) {
-      use.fns[lead][lg](x + r * k, k, tile, y + r * n, n, c0, width, r == 0 ? tile_pf : 0);
-    }
-    if (rest > 0) {  // narrower steps where the left-over rows' blocks are narrower
-      const int64_t elem = wide != nullptr ? sizeof(float) : sizeof(W);
-      const int lr = std::min(lg, use.most[rest]);
-      const int64_t step = int64_t{1} << lr;
-      const int64_t step_width = g > 1 ? step * kTile : width;
-      for (int64_t s = 0; s < g; s += step) {
-        const char* at = static_cast<const char*>(tile) + s * k * kTile * elem;
-        use.fns[rest][lr](x + r * k, k, at, y + r * n, n, c0 + s * kTile, step_width, 0);
+    int ls = 3;  // log2 kGroup
+    while (ls > 0 && (int64_t{1} << ls) > full) --ls;
+    const int64_t set = int64_t{1} << ls;
+    const int64_t width = full > 0 ? set * kTile : n - c0;  // < 16: the partial last tile
+    const W* wt = w + (t / kGroup) * k * kLd + (t % kGroup) * kTile;
+    // the partial last tile is not widened (one tile; Block runs it over all inputs at once)
+    const bool widen = wide != nullptr && width >= kTile;
+    const Isa& use = widen ? *wide : isa;
+    const int ll = std::min(ls, use.most[lead]);
+    const int lr = std::min(ls, use.most[rest]);
+    const bool one_pass = ll == ls && rows == lead;
+    // one partial tile: one pass per row block, all inputs at once (Block's buffer holds it)
+    const int64_t chunk = one_pass || width < kTile ? k : kChunk;
+    const int64_t row_bytes = std::min<int64_t>(width, set * kTile) * sizeof(W);
+    for (int64_t i0 = 0; i0 < k; i0 += chunk) {
+      const int64_t i1 = std::min(k, i0 + chunk);
+      const void* tile = wt;
+      int64_t ld = kLd, off = 0, tile_pf = pf;
+      if (widen) {
+        Widen(wt, i0, i1, kLd, set * kTile, buf);
+        tile = buf;
+        ld = set * kTile;
+        off = i0;  // buf holds the chunk's inputs from its row 0
+        tile_pf = 0;
       }
+      bool first = true;  // the chunk's first pass prefetches the set's whole row
+      auto pass = [&](int64_t r, int64_t rn, int lg) {
+        const int64_t step = int64_t{1} << lg;
+        const int64_t step_width = width < kTile ? width : step * kTile;
+        const int64_t elem = widen ? sizeof(float) : sizeof(W);
+        for (int64_t s = 0; s < set; s += step) {
+          const char* at = static_cast<const char*>(tile) + (s * kTile - off * ld) * elem;
+          use.fns[rn][lg](x + r * k, k, i0, i1, at, ld, y + r * n, n, c0 + s * kTile, step_width,
+                          first ? tile_pf : 0, row_bytes);
+          first = false;
+        }
+      };
+      int64_t r = 0;
+      for (; r + lead <= rows; r += lead) pass(r, lead, ll);
+      if (rest > 0) pass(r, rest, lr);
     }
-    t += g;
+    t += set;
   }
 }
 
@@ -298,8 +359,8 @@ template <typename W>
 void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
            int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
   const bool widen = sizeof(W) == 2 && rows >= kWidenRows;
-  thread_local std::vector<float> buf;  // the widest group of a 6-row block, widened
-  const size_t need = static_cast<size_t>((int64_t{1} << f32.most[6]) * k * kTile);
+  thread_local std::vector<float> buf;  // a chunk of a set of tiles, widened
+  const size_t need = static_cast<size_t>(kChunk * kLd);
   if (widen && buf.size() < need) buf.resize(need);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
@@ -320,12 +381,14 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   auto yd = y->dimensions();
   if (xd.size() < 2 || wd.size() != 3 || yd.size() != 2) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in] (or [rows, "
-                                       "..., in] split in heads), w [tiles, in, 16], y [rows, out]");
+                                       "..., in] split in heads), w [groups, in, 128], y [rows, "
+                                       "out]");
   }
   int64_t k = 1;  // x's trailing dimensions together are the input width
   for (size_t i = 1; i < xd.size(); ++i) k *= xd[i];
-  const int64_t rows = xd[0], tiles = wd[0], n = yd[1];
-  if (wd[1] != k || wd[2] != kTile || yd[0] != rows || tiles != (n + kTile - 1) / kTile) {
+  const int64_t rows = xd[0], groups = wd[0], n = yd[1];
+  const int64_t tiles = (n + kTile - 1) / kTile;  // those holding a column (the rest: padding)
+  if (wd[1] != k || wd[2] != kLd || yd[0] != rows || groups != (n + kLd - 1) / kLd) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }
   if (const char* bad = mtpspec::BadIsa(isa)) {
@@ -336,12 +399,12 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   const float* xp = x.typed_data();
   const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
-  // Units are pairs of tiles (groups of tiles side by side form within a chunk; a column's value
-  // does not depend on its group); 4 chunks a thread.
-  mtpspec::ParallelFor(pool, threads, (tiles + 1) / 2, tiles >= 2 && rows * k * n >= kMinShared,
-                       4, [&](int64_t u0, int64_t u1) {
-                         Tiles(set, f32, xp, rows, k, wp, n, yp, 2 * u0, std::min(tiles, 2 * u1),
-                               pf);
+  // Units are packed groups (tiles side by side form within one; a column's value does not depend
+  // on which); 4 chunks a thread.
+  mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
+                       [&](int64_t u0, int64_t u1) {
+                         Tiles(set, f32, xp, rows, k, wp, n, yp, kGroup * u0,
+                               std::min(tiles, kGroup * u1), pf);
                        });
   return ffi::Error::Success();
 }
@@ -358,7 +421,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, (Linear<ffi::F32, float>),
                                   .Attr<int64_t>("prefetch")
                                   .Attr<int64_t>("isa"));
 
-// The same over bfloat16 weights packed the same way ([tiles, in, 16] bf16), held as uint16 bit
+// The same over bfloat16 weights packed the same way ([groups, in, 128] bf16), held as uint16 bit
 // patterns (XLA:CPU widens a whole bf16 operand to f32 for a gather; see cpu_linear.py).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>),
                               ffi::Ffi::Bind()
@@ -378,4 +441,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 7; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 8; }

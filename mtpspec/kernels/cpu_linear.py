@@ -2,7 +2,7 @@
 target.
 
     ok, why = status()                 # (False, reason) when it was not built or cannot run here
-    wp = pack(w)                       # [in, out] -> [ceil(out / 16), in, 16] float32, once
+    wp = pack(w)                       # [in, out] -> [ceil(out / 128), in, 128] float32, once
     wp = pack(w, jnp.bfloat16)         # ... or bfloat16 (half the bytes streamed per call)
     y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
 
@@ -14,15 +14,16 @@ XLA:CPU computes bf16 gathers and bitcasts by widening their whole operand to fl
 hoists that out of the decode loop — a 1 GB temporary for a tied Qwen3.5 embedding gathered
 from its LM head (``packed_columns``, ``widen``).
 
-Rows are processed in blocks of 6 (then one block of the 1-5 left over; 60 rows at a time) against
-each 16-column tile, so a row's accumulation order depends on the block it falls in, as in any
-blocked GEMM, and a window of up to 6 rows reads every weight once. The inner loop is AVX2 or,
-where the CPU has it, AVX-512 with two tiles per pass (``settings.current().isa``; the two differ
-in the last bits, so every call of one program uses the same). Work above ~32 K multiply-adds
-is shared with helper threads of XLA's intra-op pool (``linear_threads``), and the weight stream
-is prefetched ``prefetch`` 64-byte rows ahead of the FMAs (a window of 3+ rows needs it;
-BUILD_NOTES.md has the runs). All three are read when a call is traced
-(``kernels.settings``).
+The packed layout keeps 128 output columns (8 tiles of 16) per row of a group, so a decode step
+reads each group as one contiguous stream. Rows are processed in blocks of 6 (then one block of
+the 1-5 left over; 60 rows at a time) against up to 8 tiles side by side, and a window of up to 6
+rows reads every weight once. Every output is one float32 FMA chain over its inputs in order,
+whatever block its row falls in, with AVX2 or, where the CPU has it, AVX-512
+(``settings.current().isa``): a row's value is the same alone, in a verify window or in a
+prefill, on either instruction set. Work above ~32 K multiply-adds is shared with helper threads
+of XLA's intra-op pool (``linear_threads``), and the weight stream is prefetched ``prefetch``
+group rows (128 weights each) ahead of the FMAs (BUILD_NOTES.md has the runs). All three are read
+when a call is traced (``kernels.settings``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from mtpspec.kernels import library, settings
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16)
-TILE = 16
+TILE = 16  # the kernel's column unit (one AVX-512 register)
+GROUP = 128  # columns per packed row: 8 tiles side by side, read as one stream
 ISAS = settings.ISAS
 
 
@@ -69,7 +71,7 @@ def isa_code(isa: str | None = None) -> int:
 
 
 def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
-    return (-(-d_out // TILE), d_in, TILE)
+    return (-(-d_out // GROUP), d_in, GROUP)
 
 
 def _check_pack_dtype(dtype) -> jnp.dtype:
@@ -86,13 +88,13 @@ def _pack(w, dtype, rows: bool):
         w = jax.lax.bitcast_convert_type(w, jnp.uint16)
     if rows:  # [out, in]
         d_out, d_in = w.shape
-        tiles = -(-d_out // TILE)
-        w = jnp.pad(w, ((0, tiles * TILE - d_out), (0, 0)))
-        return w.reshape(tiles, TILE, d_in).transpose(0, 2, 1)
+        groups = -(-d_out // GROUP)
+        w = jnp.pad(w, ((0, groups * GROUP - d_out), (0, 0)))
+        return w.reshape(groups, GROUP, d_in).transpose(0, 2, 1)
     d_in, d_out = w.shape
-    tiles = -(-d_out // TILE)
-    w = jnp.pad(w, ((0, 0), (0, tiles * TILE - d_out)))
-    return w.reshape(d_in, tiles, TILE).transpose(1, 0, 2)
+    groups = -(-d_out // GROUP)
+    w = jnp.pad(w, ((0, 0), (0, groups * GROUP - d_out)))
+    return w.reshape(d_in, groups, GROUP).transpose(1, 0, 2)
 
 
 def stored_dtype(wp: jax.Array) -> jnp.dtype:
@@ -116,8 +118,8 @@ def widen(raw: jax.Array) -> jax.Array:
 
 
 def pack(w, dtype=jnp.float32) -> jax.Array:
-    """[in, out] -> [tiles, in, 16] in ``dtype`` (float32 or bfloat16), output columns
-    zero-padded to a multiple of 16."""
+    """[in, out] -> [groups, in, 128] in ``dtype`` (float32 or bfloat16), output columns
+    zero-padded to a multiple of 128."""
     return _pack(jnp.asarray(w), _check_pack_dtype(dtype), False)
 
 
@@ -133,13 +135,13 @@ def packed_columns(wp: jax.Array, ids) -> jax.Array:
     strided gather of ``in`` values each (a tied embedding's rows, read from the LM head it is
     packed as)."""
     ids = jnp.asarray(ids, jnp.int32)
-    return wp[ids // TILE, :, ids % TILE]
+    return wp[ids // GROUP, :, ids % GROUP]
 
 
 def unpack(wp: jax.Array, d_out: int) -> jax.Array:
     """Inverse of ``pack``, in the stored dtype (inside jit: a transpose)."""
-    tiles, d_in, _ = wp.shape
-    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, tiles * TILE)[:, :d_out])
+    groups, d_in, _ = wp.shape
+    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, groups * GROUP)[:, :d_out])
 
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:

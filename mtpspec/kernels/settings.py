@@ -15,8 +15,8 @@ Outside any ``use``, the value comes from the environment, read once at import:
 MTPSPEC_CPU_LINEAR_ISA ("auto" | "avx2" | "avx512"; every kernel's instruction set),
 MTPSPEC_CPU_LINEAR_THREADS, MTPSPEC_CPU_ATTENTION_THREADS, MTPSPEC_CPU_GDN_THREADS (1: the
 caller alone; 2: the caller and one helper of XLA's intra-op pool, what the 2-core machines
-this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (64-byte weight rows prefetched ahead of
-the FMAs; 0 = off). A bad value raises ValueError naming the variable.
+this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (packed weight rows, 128 weights each,
+prefetched ahead of the FMAs; 0 = off). A bad value raises ValueError naming the variable.
 
 Neither the instruction set nor threads nor prefetch change a value: the linear sums each output
 in one FMA chain over its inputs in order, and the GDN and attention kernels compute each lane's

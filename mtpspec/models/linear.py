@@ -17,7 +17,7 @@ HIGHEST = Precision.HIGHEST
 
 @jax.tree_util.register_pytree_node_class
 class Linear:
-    """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [tiles, in, 16]
+    """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [groups, in, 128]
     ("ffi"); ``splits`` are the output widths of the projections fused in it."""
 
     def __init__(self, w, d_in: int, splits: tuple[int, ...], impl: str, transposed: bool = False):
@@ -105,7 +105,7 @@ class Linear:
 class Embedding:
     """The token embedding of a decoding tree: ``emb[tokens]`` -> tokens.shape + [H] in
     ``dtype`` (the compute dtype; rows are gathered, then widened, never the whole table).
-    ``w`` is the [V, H] table, or with ``packed`` the LM head's packed weight [tiles, H, 16] of
+    ``w`` is the [V, H] table, or with ``packed`` the LM head's packed weight [groups, H, 128] of
     a tied model — the same array the head holds, so the table is stored once (row v is the
     head's column v: a strided gather of H values). A bf16 table is held as uint16 bit patterns
     (``cpu_linear.widen``: XLA:CPU would widen a whole bf16 table to gather from it)."""
