@@ -5,9 +5,8 @@
 // 128g..128g+127 (zero-padded past `out`), row i of a group is the 128 weights that input i feeds,
 // and a group is 8 tiles of 16 columns side by side (tile j is columns 16j..16j+15, at offset
 // 16 (j mod 8) of its group's rows). So a decode step's 8 tiles side by side read one contiguous
-// stream (a row of a group after the other) instead of 8 streams, one per tile: 1.16-1.44x the
-// bytes per second in a standalone loop on a 2-core EPYC, ~2 % on a real-size decode step
-// (BUILD_NOTES 2026-12-07). Each weight is read from memory once per call (software-prefetched
+// stream (a row of a group after the other) instead of 8 streams, one per tile: a real-size
+// decode step ~20 % faster on a 2-core EPYC (BUILD_NOTES 2026-12-07). Each weight is read from memory once per call (software-prefetched
 // `prefetch` group rows ahead, so the stream overlaps the arithmetic of a multi-row window) and
 // re-read from L1 for every further pass over it (RowTiles). Every output is one FMA chain over
 // the inputs in order, so a row's value does not depend on how many rows the call has (see
@@ -265,10 +264,10 @@ constexpr Isa kIsas[2] = {
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
 constexpr int64_t kWidenRows = 12;
 
-// Inputs per chunk where a set of tiles takes several passes (row blocks, or blocks narrower
-// than the set): every pass over a chunk finds its weights in L1 (64 rows of 128 bf16 weights:
-// 16 KB), so the set streams from memory once, in the order it is stored. 64 and 128 measured
-// alike (BUILD_NOTES 2026-12-07).
+// Inputs per chunk of a prefill's widened set of tiles (64 rows of 128 float32 weights: 32 KB,
+// in L1/L2 while every row block passes over it; 64 and 256 measured alike, BUILD_NOTES
+// 2026-12-07). A decode step or verify window runs each pass over all inputs at once: chunking
+// those (partial sums stored and reloaded between chunks) made a 3-6-row window ~25 % slower.
 constexpr int64_t kChunk = 64;
 
 // The `width` columns from w (a multiple of 16) of inputs [i0, i1), ld apart, bf16 (uint16 bit
@@ -291,13 +290,14 @@ inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  
 // end (a power of two; it only ever narrows, so a set never crosses a group) and 1 for the
 // partial last tile. Rows go in blocks of 6, then one block of the 1-5 left over, each block
 // taking as many of the set's tiles side by side as its registers allow (Isa::most). One block
-// covering the set (1-2 rows on AVX-512) streams it in one pass; otherwise the passes run input
-// chunk by input chunk (kChunk), the first one prefetching the set's whole row, so the set
-// still streams from memory once and in order, and a window of up to 6 rows reads every weight
-// once. `wide` (bf16 weights, many rows): each chunk of the set is widened to float32 once into
-// `buf` and every block runs the float32 loop on it, instead of widening in every block's inner
-// loop (the conversion cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening
-// is exact, so the result is bit for bit the same.
+// covering the set (1-2 rows on AVX-512) streams it in one pass; otherwise the first pass
+// prefetches the set's whole rows ahead, so the later passes (the set's other tiles, further row
+// blocks) find them in L2 and a window of up to 6 rows reads every weight from memory once, in
+// the order it is stored. `wide` (bf16 weights, many rows): the set is widened to float32 64
+// inputs at a time (kChunk) into `buf` and every block runs the float32 loop over that chunk,
+// continuing its partial sums, instead of widening in every block's inner loop (the conversion
+// cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact and a sum
+// split into chunks is the same chain, so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
               const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
@@ -317,9 +317,8 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     const Isa& use = widen ? *wide : isa;
     const int ll = std::min(ls, use.most[lead]);
     const int lr = std::min(ls, use.most[rest]);
-    const bool one_pass = ll == ls && rows == lead;
     // one partial tile: one pass per row block, all inputs at once (Block's buffer holds it)
-    const int64_t chunk = one_pass || width < kTile ? k : kChunk;
+    const int64_t chunk = widen ? kChunk : k;
     const int64_t row_bytes = std::min<int64_t>(width, set * kTile) * sizeof(W);
     for (int64_t i0 = 0; i0 < k; i0 += chunk) {
       const int64_t i1 = std::min(k, i0 + chunk);
@@ -332,7 +331,7 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
         off = i0;  // buf holds the chunk's inputs from its row 0
         tile_pf = 0;
       }
-      bool first = true;  // the chunk's first pass prefetches the set's whole row
+      bool first = true;  // the first pass prefetches the set's whole rows
       auto pass = [&](int64_t r, int64_t rn, int lg) {
         const int64_t step = int64_t{1} << lg;
         const int64_t step_width = width < kTile ? width : step * kTile;
