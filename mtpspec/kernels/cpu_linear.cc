@@ -101,8 +101,8 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
 // on how many rows shared its registers. (Sets and tiles hide latency alike: R rows x P tiles
 // take max(4 / P, R) cycles per tile and input, as R rows x S sets did with max(4 / S, R).)
 //
-// R rows (x[r] = x + r * k) of P tiles (input i's weights of tile p at w + i * ld + 16 p) over
-// inputs [i0, i1) into out[r * ldo + 16 p .. + 16): from zero when i0 == 0, else continuing the
+// R rows (x[r] = x + r * k) of P tiles over inputs [i0, i1) (input i's weights of tile p at
+// w + (i - i0) * ld + 16 p: w points at input i0's) into out[r * ldo + 16 p .. + 16): from zero when i0 == 0, else continuing the
 // partial sums out holds (a float32 store and load change no value, so a chain split into input
 // chunks is the same chain). pf > 0: prefetch `pfb` bytes of the weight row pf rows ahead.
 template <int R, int P, typename W>
@@ -136,7 +136,7 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
   }
   for (int64_t i = i0; i < i1; ++i) {
     if (pf) {
-      const char* ahead = reinterpret_cast<const char*>(w + (i + pf) * ld);
+      const char* ahead = reinterpret_cast<const char*>(w + (i - i0 + pf) * ld);
       for (int64_t b = 0; b < pfb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
 #pragma GCC unroll 8
@@ -145,7 +145,7 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
       // next tile would not fit 16 registers (3 rows x 2 tiles), GCC spilled two accumulators;
       // an empty asm with a memory clobber makes it broadcast the inputs again (a cheap load).
       if constexpr (2 * R * P + R + 2 > 16) asm volatile("" ::: "memory");
-      const W* wi = w + i * ld + p * kTile;
+      const W* wi = w + (i - i0) * ld + p * kTile;
       __m256 w0, w1;
       Load16(wi, w0, w1);
 #pragma GCC unroll 8
@@ -195,12 +195,12 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
       acc[r][p] = i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + p * kTile);
   for (int64_t i = i0; i < i1; ++i) {
     if (pf) {
-      const char* ahead = reinterpret_cast<const char*>(w + (i + pf) * ld);
+      const char* ahead = reinterpret_cast<const char*>(w + (i - i0 + pf) * ld);
       for (int64_t b = 0; b < pfb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
     __m512 wv[P];
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + i * ld + p * kTile);
+    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + (i - i0) * ld + p * kTile);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * k + i]);
@@ -322,13 +322,12 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     const int64_t row_bytes = std::min<int64_t>(width, set * kTile) * sizeof(W);
     for (int64_t i0 = 0; i0 < k; i0 += chunk) {
       const int64_t i1 = std::min(k, i0 + chunk);
-      const void* tile = wt;
-      int64_t ld = kLd, off = 0, tile_pf = pf;
+      const void* tile = wt + i0 * kLd;  // input i0's weights
+      int64_t ld = kLd, tile_pf = pf;
       if (widen) {
         Widen(wt, i0, i1, kLd, set * kTile, buf);
         tile = buf;
         ld = set * kTile;
-        off = i0;  // buf holds the chunk's inputs from its row 0
         tile_pf = 0;
       }
       bool first = true;  // the first pass prefetches the set's whole rows
@@ -337,7 +336,7 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
         const int64_t step_width = width < kTile ? width : step * kTile;
         const int64_t elem = widen ? sizeof(float) : sizeof(W);
         for (int64_t s = 0; s < set; s += step) {
-          const char* at = static_cast<const char*>(tile) + (s * kTile - off * ld) * elem;
+          const char* at = static_cast<const char*>(tile) + s * kTile * elem;
           use.fns[rn][lg](x + r * k, k, i0, i1, at, ld, y + r * n, n, c0 + s * kTile, step_width,
                           first ? tile_pf : 0, row_bytes);
           first = false;
