@@ -84,7 +84,7 @@ def test_kernel_fuzzed_shapes(rows, d_in, d_out, seed, isa):
 
 @built
 @pytest.mark.parametrize("rows", [1, 3, 4, 6, 7])
-def test_avx512_pairs_change_no_value(rows):
+def test_avx512_tile_sets_change_no_value(rows):
     """AVX-512 takes up to 8 full tiles side by side (a packed group's row): a column's value is
     the same whatever tiles its own was taken with (8, 4, 2 or alone, in the first or a later
     group, or the partial last tile), so how the threads' chunks split tiles is moot."""

@@ -6,11 +6,11 @@
 // and a group is 8 tiles of 16 columns side by side (tile j is columns 16j..16j+15, at offset
 // 16 (j mod 8) of its group's rows). So a decode step's 8 tiles side by side read one contiguous
 // stream (a row of a group after the other) instead of 8 streams, one per tile: a real-size
-// decode step ~20 % faster on a 2-core EPYC (BUILD_NOTES 2026-12-07). Each weight is read from memory once per call (software-prefetched
-// `prefetch` group rows ahead, so the stream overlaps the arithmetic of a multi-row window) and
-// re-read from L1 for every further pass over it (RowTiles). Every output is one FMA chain over
-// the inputs in order, so a row's value does not depend on how many rows the call has (see
-// TileRows). The row and tile loops are force-unrolled:
+// decode step ~20 % faster on a 2-core EPYC (BUILD_NOTES 2026-12-07). Each weight is read from
+// memory once per call (software-prefetched `prefetch` group rows ahead, so the stream overlaps
+// the arithmetic of a multi-row window) and re-read from cache for every further pass over it
+// (RowTiles). Every output is one FMA chain over the inputs in order, so a row's value does not
+// depend on how many rows the call has (see TileRows). The row and tile loops are force-unrolled:
 // left to GCC, the 5- and 6-row blocks kept their accumulators in memory (2-3x slower). The `isa`
 // attribute picks the inner loop: 0 AVX2 (16 columns in two 8-lane halves, up to 4 tiles side by
 // side), 1 AVX-512F (a tile per register, up to 8 tiles side by side, so one broadcast input
@@ -102,9 +102,11 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
 // take max(4 / P, R) cycles per tile and input, as R rows x S sets did with max(4 / S, R).)
 //
 // R rows (x[r] = x + r * k) of P tiles over inputs [i0, i1) (input i's weights of tile p at
-// w + (i - i0) * ld + 16 p: w points at input i0's) into out[r * ldo + 16 p .. + 16): from zero when i0 == 0, else continuing the
-// partial sums out holds (a float32 store and load change no value, so a chain split into input
-// chunks is the same chain). pf > 0: prefetch `pfb` bytes of the weight row pf rows ahead.
+// w + (i - i0) * ld + 16 p: w points at input i0's) into out[r * ldo + 16 p .. + 16): from zero
+// when i0 == 0, else continuing the partial sums out holds (a float32 store and load change no
+// value, so a chain split into input chunks is the same chain; only the prefill's widened float32
+// chunks continue, so bf16 weights always start at input 0 and Load16's lane order needs no
+// undoing). pf > 0: prefetch `pfb` bytes of the weight row pf rows ahead.
 template <int R, int P, typename W>
 __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t k, int64_t i0,
                                                          int64_t i1, const W* w, int64_t ld,
@@ -122,18 +124,6 @@ __attribute__((target("avx2,fma"))) inline void TileRows(const float* x, int64_t
         acc[r][p][1] = _mm256_loadu_ps(out + r * ldo + p * kTile + 8);
       }
     }
-  if constexpr (sizeof(W) == 2) {  // the bf16 lane order (Load16): columns {0-3, 8-11}, {4-7, 12-15}
-    if (i0 > 0) {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-        for (int p = 0; p < P; ++p) {
-          const __m256 a = acc[r][p][0], b = acc[r][p][1];
-          acc[r][p][0] = _mm256_permute2f128_ps(a, b, 0x20);
-          acc[r][p][1] = _mm256_permute2f128_ps(a, b, 0x31);
-        }
-    }
-  }
   for (int64_t i = i0; i < i1; ++i) {
     if (pf) {
       const char* ahead = reinterpret_cast<const char*>(w + (i - i0 + pf) * ld);
@@ -319,7 +309,7 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     const int lr = std::min(ls, use.most[rest]);
     // one partial tile: one pass per row block, all inputs at once (Block's buffer holds it)
     const int64_t chunk = widen ? kChunk : k;
-    const int64_t row_bytes = std::min<int64_t>(width, set * kTile) * sizeof(W);
+    const int64_t row_bytes = width * sizeof(W);  // the set's share of a weight row
     for (int64_t i0 = 0; i0 < k; i0 += chunk) {
       const int64_t i1 = std::min(k, i0 + chunk);
       const void* tile = wt + i0 * kLd;  // input i0's weights

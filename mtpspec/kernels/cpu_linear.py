@@ -38,8 +38,7 @@ from mtpspec.kernels import library, settings
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16)
-TILE = 16  # the kernel's column unit (one AVX-512 register)
-GROUP = 128  # columns per packed row: 8 tiles side by side, read as one stream
+GROUP = 128  # columns per packed row: 8 tiles of 16 side by side, read as one stream
 ISAS = settings.ISAS
 
 
