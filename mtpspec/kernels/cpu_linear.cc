@@ -172,36 +172,106 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
 
 // The same with AVX-512 (where the CPU has it): a tile's 16 columns are one 512-bit register;
 // with 32 registers more tiles go side by side (one broadcast input feeds P FMAs).
+//
+// bf16 tiles go in pairs: one 64-byte load holds a pair's 32 weights of an input, and two
+// instructions widen them (a shift left by 16 gives the even columns, a mask the odd ones)
+// where widening each tile in column order takes a zero-extension and a shift per tile. So a
+// pair's accumulators hold its even and its odd columns; every column keeps its own lane and its
+// own FMA chain, and PairOut / PairIn put the columns back in order once per output.
+__attribute__((target("avx512f"))) inline void PairOut(float* out, __m512 even, __m512 odd) {
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  _mm512_storeu_ps(out, _mm512_permutex2var_ps(even, lo, odd));
+  _mm512_storeu_ps(out + kTile, _mm512_permutex2var_ps(even, hi, odd));
+}
+__attribute__((target("avx512f"))) inline void PairIn(const float* in, __m512& even,
+                                                     __m512& odd) {
+  const __m512i e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i o = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  const __m512 lo = _mm512_loadu_ps(in), hi = _mm512_loadu_ps(in + kTile);
+  even = _mm512_permutex2var_ps(lo, e, hi);
+  odd = _mm512_permutex2var_ps(lo, o, hi);
+}
+// Tile p's weights of one input (w: the input's row): for bf16 pairs (Paired), tile p of the
+// pair's even (p even) or odd (p odd) columns.
+template <bool Paired, typename W>
+__attribute__((target("avx512f"))) inline void LoadTiles512(const W* w, int p, __m512* wv) {
+  if constexpr (Paired) {
+    const __m512i raw = _mm512_loadu_si512(w + p * kTile);
+    wv[0] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+    wv[1] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(-65536)));
+  } else {
+    wv[0] = Load16x512(w + p * kTile);
+  }
+}
+
+// Two loop orders, by registers (32): R P accumulators plus, loading a set's P weights first
+// and broadcasting each row's input once (R P + P + 1 registers: up to 4 x 4, 2 x 8), or,
+// where those would not fit (3 x 8), broadcasting the R inputs first and loading the weights a
+// tile (pair) at a time (R P + R + 2).
 template <int R, int P, typename W>
 __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64_t k, int64_t i0,
                                                            int64_t i1, const W* w, int64_t ld,
                                                            float* out, int64_t ldo, int64_t pf,
                                                            int64_t pfb) {
+  constexpr bool kPaired = sizeof(W) == 2 && P % 2 == 0;
+  constexpr int kStep = kPaired ? 2 : 1;  // tiles a load gives
+  constexpr bool kWeightsFirst = R * P + P + 1 <= 32;
   __m512 acc[R][P];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p)
-      acc[r][p] = i0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + p * kTile);
+    for (int p = 0; p < P; p += kStep) {
+      if (i0 == 0) {
+        acc[r][p] = _mm512_setzero_ps();
+        if constexpr (kPaired) acc[r][p + 1] = _mm512_setzero_ps();
+      } else if constexpr (kPaired) {
+        PairIn(out + r * ldo + p * kTile, acc[r][p], acc[r][p + 1]);
+      } else {
+        acc[r][p] = _mm512_loadu_ps(out + r * ldo + p * kTile);
+      }
+    }
   for (int64_t i = i0; i < i1; ++i) {
     if (pf) {
       const char* ahead = reinterpret_cast<const char*>(w + (i - i0 + pf) * ld);
       for (int64_t b = 0; b < pfb; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
-    __m512 wv[P];
+    const W* wi = w + (i - i0) * ld;
+    if constexpr (kWeightsFirst) {
+      __m512 wv[P];
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) wv[p] = Load16x512(w + (i - i0) * ld + p * kTile);
+      for (int p = 0; p < P; p += kStep) LoadTiles512<kPaired>(wi, p, wv + p);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * k + i]);
+      for (int r = 0; r < R; ++r) {
+        const __m512 xb = _mm512_set1_ps(x[r * k + i]);
 #pragma GCC unroll 8
-      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xb, wv[p], acc[r][p]);
+        for (int p = 0; p < P; ++p) acc[r][p] = _mm512_fmadd_ps(xb, wv[p], acc[r][p]);
+      }
+    } else {
+      __m512 xb[R];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) xb[r] = _mm512_set1_ps(x[r * k + i]);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; p += kStep) {
+        __m512 wv[kStep];
+        LoadTiles512<kPaired>(wi, p, wv);
+#pragma GCC unroll 8
+        for (int q = 0; q < kStep; ++q)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[r][p + q] = _mm512_fmadd_ps(xb[r], wv[q], acc[r][p + q]);
+      }
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * ldo + p * kTile, acc[r][p]);
+    for (int p = 0; p < P; p += kStep) {
+      if constexpr (kPaired) {
+        PairOut(out + r * ldo + p * kTile, acc[r][p], acc[r][p + 1]);
+      } else {
+        _mm512_storeu_ps(out + r * ldo + p * kTile, acc[r][p]);
+      }
+    }
 }
 
 template <int R, int P, typename W>
@@ -223,13 +293,15 @@ __attribute__((target("avx512f"))) inline void Block512(const float* x, int64_t 
 // For R = 1..6 rows, the blocks of 1, 2, 4 and 8 tiles side by side (fns[R][log2 P]; nullptr
 // past most[R]), most[R] chosen so the accumulators fit the registers with at least 8 chains:
 // AVX2 (16 registers, 2 per tile and row) 1 row x 4 tiles, 2-3 rows x 2, 4-6 rows x 1; AVX-512
-// (32 registers, 1 per tile and row, plus P weights and a broadcast: R P + P + 1 <= 32) 1-2 rows
-// x 8, 3-6 rows x 4. A column's value is the same in any of them.
+// (32 registers, 1 per tile and row, plus P weights and a broadcast, R P + P + 1 <= 32, or R
+// broadcasts and a pair's weights, R P + R + 2) 1-3 rows x 8, 4-6 rows x 4. A column's value is
+// the same in any of them.
 using BlockFn = void (*)(const float*, int64_t, int64_t, int64_t, const void*, int64_t, float*,
                          int64_t, int64_t, int64_t, int64_t, int64_t);
 struct Isa {
   BlockFn fns[7][4];
   int most[7];  // log2 of the most tiles side by side for R rows
+  int64_t block;  // rows a block of a window (up to 6 rows) takes at most
 };
 template <typename W>
 constexpr Isa kIsas[2] = {
@@ -240,25 +312,27 @@ constexpr Isa kIsas[2] = {
       {Block<4, 1, W>},
       {Block<5, 1, W>},
       {Block<6, 1, W>}},
-     {0, 2, 1, 1, 0, 0, 0}},
+     {0, 2, 1, 1, 0, 0, 0},
+     6},
     {{{},
       {Block512<1, 1, W>, Block512<1, 2, W>, Block512<1, 4, W>, Block512<1, 8, W>},
       {Block512<2, 1, W>, Block512<2, 2, W>, Block512<2, 4, W>, Block512<2, 8, W>},
-      {Block512<3, 1, W>, Block512<3, 2, W>, Block512<3, 4, W>},
+      {Block512<3, 1, W>, Block512<3, 2, W>, Block512<3, 4, W>, Block512<3, 8, W>},
       {Block512<4, 1, W>, Block512<4, 2, W>, Block512<4, 4, W>},
       {Block512<5, 1, W>, Block512<5, 2, W>, Block512<5, 4, W>},
       {Block512<6, 1, W>, Block512<6, 2, W>, Block512<6, 4, W>}},
-     {0, 3, 3, 2, 2, 2, 2}}};
+     {0, 3, 3, 3, 2, 2, 2},
+     3}};
 
 // bf16 weights are widened once per input chunk from this many rows on (below, in the inner loop:
 // a decode step or verify window streams the weights once and has no arithmetic to spare).
 constexpr int64_t kWidenRows = 12;
 
-// Inputs per chunk of a prefill's widened set of tiles (64 rows of 128 float32 weights: 32 KB,
-// in L1/L2 while every row block passes over it; 64 and 256 measured alike, BUILD_NOTES
-// 2026-12-07). A decode step or verify window runs each pass over all inputs at once: chunking
+// Inputs per chunk of a prefill's widened set of tiles (128 rows of 128 float32 weights: 64 KB,
+// in L2 while every row block passes over it; with 252-row blocks, 128 inputs measured ~4 %
+// faster than 64 and 32 ~7 % slower, BUILD_NOTES 2026-12-07). A decode step or verify window runs each pass over all inputs at once: chunking
 // those (partial sums stored and reloaded between chunks) made a 3-6-row window ~25 % slower.
-constexpr int64_t kChunk = 64;
+constexpr int64_t kChunk = 128;
 
 // The `width` columns from w (a multiple of 16) of inputs [i0, i1), ld apart, bf16 (uint16 bit
 // patterns) -> float32 rows of `width` from out, exactly.
@@ -279,11 +353,14 @@ inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  
 // sets of S side by side: a whole packed group's row (8) where the range has it, narrower at its
 // end (a power of two; it only ever narrows, so a set never crosses a group) and 1 for the
 // partial last tile. Rows go in blocks of 6, then one block of the 1-5 left over, each block
-// taking as many of the set's tiles side by side as its registers allow (Isa::most). One block
-// covering the set (1-2 rows on AVX-512) streams it in one pass; otherwise the first pass
+// taking as many of the set's tiles side by side as its registers allow (Isa::most); a window
+// of up to 6 rows goes in blocks of Isa::block (AVX-512: 3, so a 4-6-row window takes 8 tiles
+// a pass in its 3-row blocks: a 4-row window ~14 % faster than one 4-row block of 4 tiles in
+// two passes; a 512-row prefill's widened sets were ~40 % slower in 3-row blocks). One block
+// covering the set (1-3 rows on AVX-512) streams it in one pass; otherwise the first pass
 // prefetches the set's whole rows ahead, so the later passes (the set's other tiles, further row
 // blocks) find them in L2 and a window of up to 6 rows reads every weight from memory once, in
-// the order it is stored. `wide` (bf16 weights, many rows): the set is widened to float32 64
+// the order it is stored. `wide` (bf16 weights, many rows): the set is widened to float32 128
 // inputs at a time (kChunk) into `buf` and every block runs the float32 loop over that chunk,
 // continuing its partial sums, instead of widening in every block's inner loop (the conversion
 // cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact and a sum
@@ -291,8 +368,6 @@ inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
               const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
-  const int64_t lead = std::min<int64_t>(rows, 6);
-  const int64_t rest = rows % 6 == 0 || rows < 6 ? 0 : rows % 6;  // rows of the left-over block
   const int64_t full_tiles = n / kTile;
   for (int64_t t = t0; t < t1;) {
     const int64_t c0 = t * kTile;
@@ -305,6 +380,8 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     // the partial last tile is not widened (one tile; Block runs it over all inputs at once)
     const bool widen = wide != nullptr && width >= kTile;
     const Isa& use = widen ? *wide : isa;
+    const int64_t lead = rows <= 6 ? std::min<int64_t>(rows, use.block) : 6;
+    const int64_t rest = rows % lead == 0 ? 0 : rows % lead;  // the last block's
     const int ll = std::min(ls, use.most[lead]);
     const int lr = std::min(ls, use.most[rest]);
     // one partial tile: one pass per row block, all inputs at once (Block's buffer holds it)
@@ -341,8 +418,10 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
 }
 
 // Rows are taken kRowBlock at a time (a prefill's rows stay in L2 while every tile streams past
-// them; a decode step or verify window is one block).
-constexpr int64_t kRowBlock = 60;  // a multiple of 6
+// them; a decode step or verify window is one block). Each block widens and reads every weight
+// once: 252 rows measured ~8 % faster than 60 on a 512-row prefill's products, and as fast as
+// all 512 at once.
+constexpr int64_t kRowBlock = 252;  // a multiple of 6
 template <typename W>
 void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
            int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
