@@ -21,7 +21,14 @@ Prints one JSON object (and writes it with ``--json_out``):
                                              plain greedy's tokens)
   reference                                  against ``real_size_oracle.py``'s reference.npz
                                              when present: greedy identical, max |Δ log p|
-  llama_cpp                                  llama-bench's pp / tg tok/s on --gguf (optional peer)
+  llama_cpp                                  llama-bench's pp / tg tok/s on --gguf (optional peer),
+                                             one llama-bench repetition in each round-robin round
+                                             (after mtpspec's jobs), median and per round
+  vs_llama_cpp                               mtpspec ÷ llama.cpp per round (prefill, decode):
+                                             each round's ratio, their median and IQR: ratios
+                                             of figures measured minutes apart at most, not two
+                                             figures from different phases of a shared machine
+                                             (its bandwidth drifts 20-30 %)
 
 ``--draft_vocab``: a ``draft_vocab.json`` (``experiments/draft_vocab.py``), or an int N for the N
 lowest ids — a cost-only stand-in for checkpoints with random weights, where no text tells
@@ -31,6 +38,7 @@ which ids are frequent (the drafts' acceptance is then meaningless, their cost i
 from __future__ import annotations
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -92,17 +100,29 @@ def load_draft_vocab(value: str | None, vocab_size: int):
     return DraftVocab.load(value)
 
 
+def check_peer(binary: str | None, gguf: str | None) -> None:
+    """--llama_bench and --gguf together, both existing files: refused before the load."""
+    if binary is None and gguf is None:
+        return
+    if binary is None or gguf is None:
+        raise ValueError("--llama_bench and --gguf go together (a peer and its checkpoint)")
+    for flag, path in (("--llama_bench", binary), ("--gguf", gguf)):
+        if not os.path.isfile(path):
+            raise OSError(f"{flag}={path}: no such file")
+
+
 def llama_cpp(binary: str, gguf: str, prompt_len: int, new: int) -> dict:
-    """llama-bench's pp<prompt_len> and tg<new> tok/s (2 threads, 2 repetitions)."""
-    cmd = [binary, "-m", gguf, "-t", "2", "-p", str(prompt_len), "-n", str(new), "-r", "2"]
+    """llama-bench's pp<prompt_len> and tg<new> tok/s (2 threads, 1 repetition)."""
+    cmd = [binary, "-m", gguf, "-t", "2", "-p", str(prompt_len), "-n", str(new), "-r", "1"]
     out = subprocess.run([*cmd, "-o", "json"], capture_output=True, text=True, check=False)
     if out.returncode:
         raise OSError(f"llama-bench failed ({out.returncode}): {out.stderr.strip()[-300:]}")
-    rows = json.loads(out.stdout)
     got = {}
-    for r in rows:
-        kind = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
-        got[kind] = {"tok_s": r["avg_ts"], "stddev": r.get("stddev_ts")}
+    for r in json.loads(out.stdout):
+        kind = "prefill" if r.get("n_prompt") else "decode"
+        got[kind] = float(r["avg_ts"])
+    if set(got) != {"prefill", "decode"}:
+        raise OSError(f"llama-bench gave {sorted(got)}, not a pp and a tg row: {out.stdout[:300]}")
     return got
 
 
@@ -115,6 +135,7 @@ def timed(config, params, prompt, n, spec=None) -> tuple[float, list[int], float
 
 def main(argv):
     del argv
+    check_peer(FLAGS.llama_bench, FLAGS.gguf)
     import jax
 
     import mtpspec
@@ -157,12 +178,15 @@ def main(argv):
     out["rss_after_first_decode_gib"] = rss_gib()
     seconds = {name: [] for name in jobs}
     tokens, taus = {}, {}
+    peer = []  # llama-bench's {prefill, decode} tok/s, one per round
     before = mtpspec.decoding.compile_count()
     for _ in range(FLAGS.repeats):
         for name, job in jobs.items():
             s, toks, tau = job()
             seconds[name].append(s)
             tokens[name], taus[name] = toks, tau
+        if FLAGS.llama_bench:
+            peer.append(llama_cpp(FLAGS.llama_bench, FLAGS.gguf, FLAGS.prompt_len, n))
     out["recompiles_while_timed"] = mtpspec.decoding.compile_count() - before
     out["prefill_tok_s"] = FLAGS.prompt_len / statistics.median(seconds["prefill"])
     decode = [(n - 1) / (p - f) for p, f in zip(seconds["plain"], seconds["first"])]
@@ -183,10 +207,23 @@ def main(argv):
         }
     if ref:
         out["reference"] = _against_reference(config, params, ref)
-    if FLAGS.llama_bench:
-        if not FLAGS.gguf:
-            raise ValueError("--llama_bench needs --gguf (the same checkpoint converted)")
-        out["llama_cpp"] = llama_cpp(FLAGS.llama_bench, FLAGS.gguf, FLAGS.prompt_len, n)
+    if peer:
+        ours = {
+            "prefill": [FLAGS.prompt_len / s for s in seconds["prefill"]],
+            "decode": decode,
+        }
+        names = {"prefill": f"pp{FLAGS.prompt_len}", "decode": f"tg{n}"}
+        out["llama_cpp"] = {
+            names[k]: {
+                "tok_s": statistics.median(p[k] for p in peer),
+                "per_round": [p[k] for p in peer],
+            }
+            for k in names
+        }
+        out["vs_llama_cpp"] = {}
+        for k in names:
+            ratios = [a / p[k] for a, p in zip(ours[k], peer, strict=True)]
+            out["vs_llama_cpp"][k] = {**quartiles(ratios), "per_round": ratios}
     out["rss_peak_gib"] = peak_gib()
     print(json.dumps(out, indent=1))
     if FLAGS.json_out:

@@ -60,10 +60,26 @@ def _tool(*args, timeout=600) -> subprocess.CompletedProcess:
 def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
     _, _, out = reduced
     js = tmp_path / "bench.json"
+    # a stand-in llama-bench: its JSON rows as the real one writes them, each call logged, so the
+    # test sees one call per round and the ratios taken against that round's figures
+    calls = tmp_path / "calls"
+    peer = tmp_path / "llama-bench"
+    peer.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        f"log = {str(calls)!r}\n"
+        "n = sum(1 for _ in open(log)) if os.path.exists(log) else 0  # calls before this one\n"
+        "open(log, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n"
+        "print(json.dumps([{'n_prompt': 48, 'n_gen': 0, 'avg_ts': 100.0 * (n + 1)},\n"
+        "                  {'n_prompt': 0, 'n_gen': 6, 'avg_ts': 10.0 * (n + 1)}]))\n"
+    )
+    peer.chmod(0o755)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
     done = _tool(
         "experiments.bench_real_size", f"--checkpoint={out}", "--dtype=float32",
-        "--prompt_len=48", "--new_tokens=6", "--repeats=1", "--num_draft=1",
-        "--draft_vocab=4096", f"--json_out={js}",
+        "--prompt_len=48", "--new_tokens=6", "--repeats=2", "--num_draft=1",
+        "--draft_vocab=4096", f"--json_out={js}", f"--llama_bench={peer}", f"--gguf={gguf}",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(js.read_text())
@@ -71,8 +87,30 @@ def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
     assert set(got["configs"]) == {"mtp k=1", "mtp k=1 vocab=4096"}
     assert all(c["same_as_plain"] for c in got["configs"].values())
     assert got["decode_tok_s"]["median"] > 0 and got["rss_peak_gib"] >= got["rss_after_load_gib"]
+    logged = calls.read_text().splitlines()
+    assert len(logged) == 2 and all(f"-m {gguf} -t 2 -p 48 -n 6 -r 1" in c for c in logged)
+    assert got["llama_cpp"]["pp48"]["per_round"] == [100.0, 200.0]
+    assert got["llama_cpp"]["tg6"]["per_round"] == [10.0, 20.0]
+    # each round's ratio is against that round's peer (10, then 20 tok/s): undone, the two
+    # rounds' own decode figures, whose median the bench reports
+    ratios = got["vs_llama_cpp"]["decode"]["per_round"]
+    ours = [ratios[0] * 10, ratios[1] * 20]
+    assert np.mean(ours) == pytest.approx(got["decode_tok_s"]["median"], rel=1e-9)
+    ratios = got["vs_llama_cpp"]["prefill"]["per_round"]
+    ours = [ratios[0] * 100, ratios[1] * 200]  # the prompt over the median time:
+    assert 2 / (1 / ours[0] + 1 / ours[1]) == pytest.approx(got["prefill_tok_s"], rel=1e-9)
     bad = _tool("experiments.bench_real_size", f"--checkpoint={out}", "--draft_vocab=300000")
     assert bad.returncode == 1 and "must lie in 1..248320" in bad.stderr.strip().splitlines()[-1]
+    # the peer's flags are checked before the load: one line each
+    alone = _tool("experiments.bench_real_size", f"--checkpoint={out}", f"--llama_bench={peer}")
+    last = alone.stderr.strip().splitlines()[-1]
+    assert alone.returncode == 1 and "--llama_bench and --gguf go together" in last, last
+    missing = _tool(
+        "experiments.bench_real_size", f"--checkpoint={out}", f"--llama_bench={peer}",
+        f"--gguf={tmp_path / 'none.gguf'}",
+    )  # fmt: skip
+    last = missing.stderr.strip().splitlines()[-1]
+    assert missing.returncode == 1 and "none.gguf: no such file" in last, last
 
 
 @pytest.mark.slow(40)
