@@ -17,8 +17,9 @@ from its LM head (``packed_columns``, ``widen``).
 The packed layout keeps 128 output columns (8 tiles of 16) per row of a group, so a decode step
 reads each group as one contiguous stream. Rows are processed in blocks of 6 (then one block of
 the 1-5 left over; 252 rows at a time; a window of up to 6 rows in blocks of 3 on AVX-512)
-against up to 8 tiles side by side, and a window of up to 6 rows reads every weight once. Every output is one float32 FMA chain over its inputs in order,
-whatever block its row falls in, with AVX2 or, where the CPU has it, AVX-512
+against up to 8 tiles side by side, and a window of up to 6 rows reads every weight once.
+Every output is one float32 FMA chain over its inputs in order, whatever block its row falls
+in, with AVX2 or, where the CPU has it, AVX-512
 (``settings.current().isa``): a row's value is the same alone, in a verify window or in a
 prefill, on either instruction set. Work above ~32 K multiply-adds is shared with helper threads
 of XLA's intra-op pool (``linear_threads``), and the weight stream is prefetched ``prefetch``
