@@ -28,7 +28,10 @@ Prints one JSON object (and writes it with ``--json_out``):
                                              each round's ratio, their median and IQR: ratios
                                              of figures measured minutes apart at most, not two
                                              figures from different phases of a shared machine
-                                             (its bandwidth drifts 20-30 %)
+                                             (its bandwidth drifts 20-30 %). llama-bench's tg
+                                             generates from an empty context, mtpspec's decode
+                                             follows a 32-token prompt: at this size a step's
+                                             cost is its weights, not its context
 
 ``--draft_vocab``: a ``draft_vocab.json`` (``experiments/draft_vocab.py``), or an int N for the N
 lowest ids — a cost-only stand-in for checkpoints with random weights, where no text tells
@@ -40,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import time
@@ -100,15 +104,19 @@ def load_draft_vocab(value: str | None, vocab_size: int):
     return DraftVocab.load(value)
 
 
-def check_peer(binary: str | None, gguf: str | None) -> None:
-    """--llama_bench and --gguf together, both existing files: refused before the load."""
+def check_peer(binary: str | None, gguf: str | None) -> str | None:
+    """--llama_bench and --gguf together, an executable (a path, or a name on PATH) and an
+    existing file: refused before the load. Returns the executable's path."""
     if binary is None and gguf is None:
-        return
+        return None
     if binary is None or gguf is None:
         raise ValueError("--llama_bench and --gguf go together (a peer and its checkpoint)")
-    for flag, path in (("--llama_bench", binary), ("--gguf", gguf)):
-        if not os.path.isfile(path):
-            raise OSError(f"{flag}={path}: no such file")
+    found = shutil.which(binary)
+    if found is None:
+        raise OSError(f"--llama_bench={binary}: no such executable (a path, or a name on PATH)")
+    if not os.path.isfile(gguf):
+        raise OSError(f"--gguf={gguf}: no such file")
+    return found
 
 
 def llama_cpp(binary: str, gguf: str, prompt_len: int, new: int) -> dict:
@@ -135,7 +143,7 @@ def timed(config, params, prompt, n, spec=None) -> tuple[float, list[int], float
 
 def main(argv):
     del argv
-    check_peer(FLAGS.llama_bench, FLAGS.gguf)
+    peer_bin = check_peer(FLAGS.llama_bench, FLAGS.gguf)
     import jax
 
     import mtpspec
@@ -185,8 +193,8 @@ def main(argv):
             s, toks, tau = job()
             seconds[name].append(s)
             tokens[name], taus[name] = toks, tau
-        if FLAGS.llama_bench:
-            peer.append(llama_cpp(FLAGS.llama_bench, FLAGS.gguf, FLAGS.prompt_len, n))
+        if peer_bin:
+            peer.append(llama_cpp(peer_bin, FLAGS.gguf, FLAGS.prompt_len, n))
     out["recompiles_while_timed"] = mtpspec.decoding.compile_count() - before
     out["prefill_tok_s"] = FLAGS.prompt_len / statistics.median(seconds["prefill"])
     decode = [(n - 1) / (p - f) for p, f in zip(seconds["plain"], seconds["first"])]

@@ -110,11 +110,13 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
     row r of an R-row call (a verify window, a prefill) equals the same row called alone (a
     decode step) bit for bit, on every instruction set, and both instruction sets agree. 301
     inputs take several input chunks and leave a remainder; 300 outputs are two packed groups
-    (8 tiles side by side), two full tiles and a partial one. 260 rows are a 252-row block
-    (widened) and 8 rows left over (too few to widen). Negative control: the same products
-    summed in another order differ, so bit equality is a real check."""
+    (8 tiles side by side), two full tiles and a partial one. 9-11 rows end in a block of 3-5
+    (unwidened bf16: the 3-row block of 8 tiles and the 4-5-row blocks of 4); 260 rows are a
+    252-row block (widened) and 8 rows left over (too few to widen), 264 a second widened
+    block. Negative control: the same products summed in another order differ, so bit
+    equality is a real check."""
     rng = np.random.default_rng(d_in)
-    x = rng.standard_normal((260, d_in)).astype(np.float32)
+    x = rng.standard_normal((264, d_in)).astype(np.float32)
     w = rng.standard_normal((d_in, 300)).astype(np.float32)
     wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
     f = users_jit(cpu_linear.apply, static_argnums=2)
@@ -123,7 +125,7 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
         with kernel_settings.use(KernelSettings(isa=isa)):
             assert f"isa = {cpu_linear.isa_code(isa)} : i64" in f.lower(x, wp, 300).as_text()
             alone = np.concatenate([np.asarray(f(x[i : i + 1], wp, 300)) for i in range(len(x))])
-            for rows in (2, 3, 4, 5, 6, 7, 13, 64, 131, 260):
+            for rows in (2, 3, 4, 5, 6, 7, 9, 10, 11, 13, 64, 131, 260, 264):
                 np.testing.assert_array_equal(np.asarray(f(x[:rows], wp, 300)), alone[:rows])
         by_isa.append(alone)
     for other in by_isa[1:]:

@@ -105,12 +105,24 @@ def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
     alone = _tool("experiments.bench_real_size", f"--checkpoint={out}", f"--llama_bench={peer}")
     last = alone.stderr.strip().splitlines()[-1]
     assert alone.returncode == 1 and "--llama_bench and --gguf go together" in last, last
-    missing = _tool(
-        "experiments.bench_real_size", f"--checkpoint={out}", f"--llama_bench={peer}",
-        f"--gguf={tmp_path / 'none.gguf'}",
+    # the rest of check_peer in one process (the bench's flags stay out of this one's registry)
+    checks = f"""
+import os, pytest
+from experiments.bench_real_size import check_peer
+with pytest.raises(OSError, match="none.gguf: no such file"):
+    check_peer({str(peer)!r}, {str(tmp_path / "none.gguf")!r})
+with pytest.raises(OSError, match="no such executable"):  # a file, but not executable
+    check_peer({str(gguf)!r}, {str(gguf)!r})
+with pytest.raises(OSError, match="no such executable"):  # a name not on PATH
+    check_peer("llama-bench-absent-mtpspec-test", {str(gguf)!r})
+os.environ["PATH"] = {str(tmp_path)!r} + os.pathsep + os.environ["PATH"]
+assert check_peer("llama-bench", {str(gguf)!r}) == {str(peer)!r}  # found on PATH
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", checks], cwd=ROOT, env=subprocess_env(), capture_output=True,
+        text=True, timeout=300, check=False,
     )  # fmt: skip
-    last = missing.stderr.strip().splitlines()[-1]
-    assert missing.returncode == 1 and "none.gguf: no such file" in last, last
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.mark.slow(40)

@@ -177,20 +177,14 @@ __attribute__((target("avx2,fma"))) inline void Block(const float* x, int64_t k,
 // instructions widen them (a shift left by 16 gives the even columns, a mask the odd ones)
 // where widening each tile in column order takes a zero-extension and a shift per tile. So a
 // pair's accumulators hold its even and its odd columns; every column keeps its own lane and its
-// own FMA chain, and PairOut / PairIn put the columns back in order once per output.
+// own FMA chain, and PairOut puts the columns back in order once per output. (Like Load16's, the
+// pairs' lane order is never continued: only the prefill's widened float32 chunks continue a
+// sum, so bf16 weights always start at input 0.)
 __attribute__((target("avx512f"))) inline void PairOut(float* out, __m512 even, __m512 odd) {
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   _mm512_storeu_ps(out, _mm512_permutex2var_ps(even, lo, odd));
   _mm512_storeu_ps(out + kTile, _mm512_permutex2var_ps(even, hi, odd));
-}
-__attribute__((target("avx512f"))) inline void PairIn(const float* in, __m512& even,
-                                                     __m512& odd) {
-  const __m512i e = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-  const __m512i o = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  const __m512 lo = _mm512_loadu_ps(in), hi = _mm512_loadu_ps(in + kTile);
-  even = _mm512_permutex2var_ps(lo, e, hi);
-  odd = _mm512_permutex2var_ps(lo, o, hi);
 }
 // Tile p's weights of one input (w: the input's row): for bf16 pairs (Paired), tile p of the
 // pair's even (p even) or odd (p odd) columns.
@@ -206,7 +200,7 @@ __attribute__((target("avx512f"))) inline void LoadTiles512(const W* w, int p, _
 }
 
 // Two loop orders, by registers (32): R P accumulators plus, loading a set's P weights first
-// and broadcasting each row's input once (R P + P + 1 registers: up to 4 x 4, 2 x 8), or,
+// and broadcasting each row's input once (R P + P + 1 registers: 1-2 x 8, 1-6 x 4), or,
 // where those would not fit (3 x 8), broadcasting the R inputs first and loading the weights a
 // tile (pair) at a time (R P + R + 2).
 template <int R, int P, typename W>
@@ -222,11 +216,9 @@ __attribute__((target("avx512f"))) inline void TileRows512(const float* x, int64
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int p = 0; p < P; p += kStep) {
-      if (i0 == 0) {
+      if (i0 == 0 || kPaired) {  // bf16 (paired) weights always start at input 0
         acc[r][p] = _mm512_setzero_ps();
         if constexpr (kPaired) acc[r][p + 1] = _mm512_setzero_ps();
-      } else if constexpr (kPaired) {
-        PairIn(out + r * ldo + p * kTile, acc[r][p], acc[r][p + 1]);
       } else {
         acc[r][p] = _mm512_loadu_ps(out + r * ldo + p * kTile);
       }
@@ -330,8 +322,9 @@ constexpr int64_t kWidenRows = 12;
 
 // Inputs per chunk of a prefill's widened set of tiles (128 rows of 128 float32 weights: 64 KB,
 // in L2 while every row block passes over it; with 252-row blocks, 128 inputs measured ~4 %
-// faster than 64 and 32 ~7 % slower, BUILD_NOTES 2026-12-07). A decode step or verify window runs each pass over all inputs at once: chunking
-// those (partial sums stored and reloaded between chunks) made a 3-6-row window ~25 % slower.
+// faster than 64 and 32 ~7 % slower, BUILD_NOTES 2026-12-07). A decode step or verify window
+// runs each pass over all inputs at once: chunking those (partial sums stored and reloaded
+// between chunks) made a 3-6-row window ~25 % slower.
 constexpr int64_t kChunk = 128;
 
 // The `width` columns from w (a multiple of 16) of inputs [i0, i1), ld apart, bf16 (uint16 bit
