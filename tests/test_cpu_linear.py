@@ -103,22 +103,24 @@ def test_avx512_tile_sets_change_no_value(rows):
 
 
 @built
+@pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize("storage", ["float32", "bfloat16"])
 @pytest.mark.parametrize("d_in", [70, 301])
-def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
+def test_a_rows_result_does_not_depend_on_its_window(storage, d_in, group):
     """Each output is summed in one order whatever the row count it is called with (issue 35):
     row r of an R-row call (a verify window, a prefill) equals the same row called alone (a
     decode step) bit for bit, on every instruction set, and both instruction sets agree. 301
-    inputs take several input chunks and leave a remainder; 300 outputs are two packed groups
-    (8 tiles side by side), two full tiles and a partial one. 9-11 rows end in a block of 3-5
-    (unwidened bf16: the 3-row block of 8 tiles and the 4-5-row blocks of 4); 260 rows are a
+    inputs take several input chunks and leave a remainder; 300 outputs are 19 tiles, the last
+    partial, in packed rows of 8 or 4 tiles (both row widths, each against the other). 9-11
+    rows end in a block of 3-5 (unwidened bf16: the 3-row block of 8 tiles and the 4-5-row
+    blocks of 4); 260 rows are a
     252-row block (widened) and 8 rows left over (too few to widen), 264 a second widened
     block. Negative control: the same products summed in another order differ, so bit
     equality is a real check."""
     rng = np.random.default_rng(d_in)
     x = rng.standard_normal((264, d_in)).astype(np.float32)
     w = rng.standard_normal((d_in, 300)).astype(np.float32)
-    wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage))
+    wp = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage), group)
     f = users_jit(cpu_linear.apply, static_argnums=2)
     by_isa = []
     for isa in ISAS:  # one jitted f: JAX's caches key on the settings, so each ISA is traced
@@ -130,9 +132,12 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in):
         by_isa.append(alone)
     for other in by_isa[1:]:
         np.testing.assert_array_equal(other, by_isa[0])
+    # and the other packed row width gives the same bits (4 or 8 tiles a row: only the speed)
+    wide = cpu_linear.pack(jnp.asarray(w, storage), jnp.dtype(storage), 192 - group)
+    np.testing.assert_array_equal(np.asarray(f(x, wide, 300)), by_isa[0])
     perm = rng.permutation(d_in)
     w_perm = jnp.asarray(w[perm], storage)
-    reordered = np.asarray(f(x[:, perm], cpu_linear.pack(w_perm, jnp.dtype(storage)), 300))
+    reordered = np.asarray(f(x[:, perm], cpu_linear.pack(w_perm, jnp.dtype(storage), group), 300))
     assert not np.array_equal(reordered, by_isa[0])
     np.testing.assert_allclose(reordered, by_isa[0], rtol=1e-4, atol=1e-4)
 
@@ -170,12 +175,28 @@ def test_kernel_inside_a_while_loop_matches_xla():
 
 def test_pack_round_trips():
     w = jnp.asarray(np.random.default_rng(2).standard_normal((9, 300)).astype(np.float32))
-    wp = cpu_linear.pack(w)
-    assert wp.shape == cpu_linear.packed_shape(9, 300) == (3, 9, 128)
+    wp = cpu_linear.pack(w, group=128)
+    assert wp.shape == cpu_linear.packed_shape(9, 300, 128) == (3, 9, 128)
     assert (cpu_linear.unpack(wp, 300) == w).all()
     assert (np.asarray(wp)[1, :, 5] == np.asarray(w)[:, 133]).all()  # group 1 is columns 128..255
     assert (np.asarray(wp)[2, :, 44:] == 0).all()  # the padding past column 300
-    assert (cpu_linear.unpack(cpu_linear.pack_rows(w.T), 300) == w).all()
+    assert (cpu_linear.unpack(cpu_linear.pack_rows(w.T, group=128), 300) == w).all()
+    narrow = cpu_linear.pack(w, group=64)
+    assert narrow.shape == cpu_linear.packed_shape(9, 300, 64) == (5, 9, 64)
+    assert (np.asarray(narrow)[2, :, 5] == np.asarray(w)[:, 133]).all()  # columns 128..191
+    assert (cpu_linear.unpack(narrow, 300) == w).all()
+    assert (cpu_linear.unpack(cpu_linear.pack_rows(w.T, group=64), 300) == w).all()
+    ids = jnp.asarray([0, 63, 64, 133, 299])
+    for wp_ in (wp, narrow):
+        assert (cpu_linear.packed_columns(wp_, ids) == w.T[ids]).all()
+    # the default follows the instruction set in effect: 8 tiles a row on AVX-512, 4 on AVX2
+    with kernel_settings.use(KernelSettings(isa="avx2")):
+        assert cpu_linear.group_width() == 64 and cpu_linear.pack(w).shape[2] == 64
+    if "avx512" in ISAS:
+        with kernel_settings.use(KernelSettings(isa="avx512")):
+            assert cpu_linear.group_width() == 128 and cpu_linear.pack(w).shape[2] == 128
+    with pytest.raises(ValueError, match="64 or 128 columns wide, not 32"):
+        cpu_linear.pack(w, group=32)
 
 
 @pytest.mark.parametrize("impl", ["xla", pytest.param("ffi", marks=built)])

@@ -1,7 +1,9 @@
 // y = x W for a few rows on CPU, streaming W once: the decode step (1 row) and the speculative
 // verify window (k + 1 rows) of mtpspec's inference path, called from XLA through its typed FFI.
 //
-// W is packed once at load as [groups, in, 128] float32 or bfloat16: group g holds output columns
+// W is packed once at load as [groups, in, 128] float32 or bfloat16 ([groups, in, 64] when packed
+// under AVX2, whose registers hold 4 tiles of a row; either width runs on either instruction set
+// with the same bits): group g holds output columns
 // 128g..128g+127 (zero-padded past `out`), row i of a group is the 128 weights that input i feeds,
 // and a group is 8 tiles of 16 columns side by side (tile j is columns 16j..16j+15, at offset
 // 16 (j mod 8) of its group's rows). So a decode step's 8 tiles side by side read one contiguous
@@ -42,8 +44,8 @@ extern "C" int mtpspec_cpu_linear_avx512() {
 namespace {
 
 constexpr int64_t kTile = 16;   // output columns a register (AVX-512) or two (AVX2) holds
-constexpr int64_t kGroup = 8;   // tiles per packed row
-constexpr int64_t kLd = kTile * kGroup;  // columns per packed row: a weight row's stride
+constexpr int64_t kGroup = 8;   // tiles per packed row at most (AVX-512's; AVX2's 4)
+constexpr int64_t kLd = kTile * kGroup;  // columns per packed row at most
 
 // Weights are float32 or bfloat16 (uint16: the top half of a float32). A bf16 weight is widened
 // exactly (moved into the top half) in registers, so a bf16 tile gives bit for bit what the
@@ -360,16 +362,17 @@ inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  
 // split into chunks is the same chain, so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
-              const W* w, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+              const W* w, int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+  const int64_t g = int64_t{1} << lg, ldw = g * kTile;  // tiles per packed row, its stride
   const int64_t full_tiles = n / kTile;
   for (int64_t t = t0; t < t1;) {
     const int64_t c0 = t * kTile;
     const int64_t full = std::min(t1, full_tiles) - t;  // full tiles from t in this range
-    int ls = 3;  // log2 kGroup
+    int ls = static_cast<int>(lg);
     while (ls > 0 && (int64_t{1} << ls) > full) --ls;
     const int64_t set = int64_t{1} << ls;
     const int64_t width = full > 0 ? set * kTile : n - c0;  // < 16: the partial last tile
-    const W* wt = w + (t / kGroup) * k * kLd + (t % kGroup) * kTile;
+    const W* wt = w + (t / g) * k * ldw + (t % g) * kTile;
     // the partial last tile is not widened (one tile; Block runs it over all inputs at once)
     const bool widen = wide != nullptr && width >= kTile;
     const Isa& use = widen ? *wide : isa;
@@ -382,10 +385,10 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     const int64_t row_bytes = width * sizeof(W);  // the set's share of a weight row
     for (int64_t i0 = 0; i0 < k; i0 += chunk) {
       const int64_t i1 = std::min(k, i0 + chunk);
-      const void* tile = wt + i0 * kLd;  // input i0's weights
-      int64_t ld = kLd, tile_pf = pf;
+      const void* tile = wt + i0 * ldw;  // input i0's weights
+      int64_t ld = ldw, tile_pf = pf;
       if (widen) {
-        Widen(wt, i0, i1, kLd, set * kTile, buf);
+        Widen(wt, i0, i1, ldw, set * kTile, buf);
         tile = buf;
         ld = set * kTile;
         tile_pf = 0;
@@ -417,7 +420,7 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
 constexpr int64_t kRowBlock = 252;  // a multiple of 6
 template <typename W>
 void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
-           int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+           int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
   const bool widen = sizeof(W) == 2 && rows >= kWidenRows;
   thread_local std::vector<float> buf;  // a chunk of a set of tiles, widened
   const size_t need = static_cast<size_t>(kChunk * kLd);
@@ -425,7 +428,7 @@ void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
     const Isa* wide = widen && rn >= kWidenRows ? &f32 : nullptr;
-    RowTiles(isa, wide, buf.data(), x + r0 * k, rn, k, w, n, y + r0 * n, t0, t1, pf);
+    RowTiles(isa, wide, buf.data(), x + r0 * k, rn, k, w, lg, n, y + r0 * n, t0, t1, pf);
   }
 }
 
@@ -441,14 +444,16 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   auto yd = y->dimensions();
   if (xd.size() < 2 || wd.size() != 3 || yd.size() != 2) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in] (or [rows, "
-                                       "..., in] split in heads), w [groups, in, 128], y [rows, "
+                                       "..., in] split in heads), w [groups, in, 64 or 128], y [rows, "
                                        "out]");
   }
   int64_t k = 1;  // x's trailing dimensions together are the input width
   for (size_t i = 1; i < xd.size(); ++i) k *= xd[i];
   const int64_t rows = xd[0], groups = wd[0], n = yd[1];
   const int64_t tiles = (n + kTile - 1) / kTile;  // those holding a column (the rest: padding)
-  if (wd[1] != k || wd[2] != kLd || yd[0] != rows || groups != (n + kLd - 1) / kLd) {
+  const int64_t ldw = wd[2], lg = ldw == kLd ? 3 : 2;  // 128 or 64 columns: 8 or 4 tiles
+  if (wd[1] != k || (ldw != kLd && ldw != kLd / 2) || yd[0] != rows ||
+      groups != (n + ldw - 1) / ldw) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }
   if (const char* bad = mtpspec::BadIsa(isa)) {
@@ -463,8 +468,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   // on which); 4 chunks a thread.
   mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
                        [&](int64_t u0, int64_t u1) {
-                         Tiles(set, f32, xp, rows, k, wp, n, yp, kGroup * u0,
-                               std::min(tiles, kGroup * u1), pf);
+                         Tiles(set, f32, xp, rows, k, wp, lg, n, yp, (u0 << lg),
+                               std::min(tiles, u1 << lg), pf);
                        });
   return ffi::Error::Success();
 }

@@ -14,8 +14,9 @@ XLA:CPU computes bf16 gathers and bitcasts by widening their whole operand to fl
 hoists that out of the decode loop — a 1 GB temporary for a tied Qwen3.5 embedding gathered
 from its LM head (``packed_columns``, ``widen``).
 
-The packed layout keeps 128 output columns (8 tiles of 16) per row of a group, so a decode step
-reads each group as one contiguous stream. Rows are processed in blocks of 6 (then one block of
+The packed layout keeps 128 output columns (8 tiles of 16; 64, 4 tiles, when packed under AVX2:
+``group_width``) per row of a group, so a decode step reads each group as one contiguous
+stream. Rows are processed in blocks of 6 (then one block of
 the 1-5 left over; 252 rows at a time; a window of up to 6 rows in blocks of 3 on AVX-512)
 against up to 8 tiles side by side, and a window of up to 6 rows reads every weight once.
 Every output is one float32 FMA chain over its inputs in order, whatever block its row falls
@@ -39,7 +40,19 @@ from mtpspec.kernels import library, settings
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16)
-GROUP = 128  # columns per packed row: 8 tiles of 16 side by side, read as one stream
+GROUP = 128  # columns per packed row on AVX-512: 8 tiles of 16 side by side, read as one stream
+GROUPS = (64, 128)  # the packed row widths the kernel reads: 4 tiles (AVX2's most) or 8
+
+
+def group_width(isa: str | None = None) -> int:
+    """The packed row width for ``isa`` (default: the settings in effect): 128 columns where
+    AVX-512 runs (8 tiles a pass), 64 on AVX2 (its 16 registers hold 4 tiles of a row, so a
+    128-column row took two passes, the second from L2: a decode step's products ~1.1x and a
+    4-row window's ~1.4x slower, BUILD_NOTES 2026-12-07). The kernel reads either width with
+    either instruction set and the values do not depend on it; only the speed does."""
+    return GROUP if isa_code(isa) == 1 else 64
+
+
 ISAS = settings.ISAS
 
 
@@ -70,8 +83,17 @@ def isa_code(isa: str | None = None) -> int:
     return settings.KernelSettings(isa=isa).isa_code
 
 
-def packed_shape(d_in: int, d_out: int) -> tuple[int, int, int]:
-    return (-(-d_out // GROUP), d_in, GROUP)
+def packed_shape(d_in: int, d_out: int, group: int | None = None) -> tuple[int, int, int]:
+    group = _check_group(group)
+    return (-(-d_out // group), d_in, group)
+
+
+def _check_group(group: int | None) -> int:
+    if group is None:
+        return group_width()
+    if group not in GROUPS:
+        raise ValueError(f"a packed row is {GROUPS[0]} or {GROUPS[1]} columns wide, not {group}")
+    return group
 
 
 def _check_pack_dtype(dtype) -> jnp.dtype:
@@ -80,21 +102,21 @@ def _check_pack_dtype(dtype) -> jnp.dtype:
     return jnp.dtype(dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("dtype", "rows"))
-def _pack(w, dtype, rows: bool):
+@functools.partial(jax.jit, static_argnames=("dtype", "rows", "group"))
+def _pack(w, dtype, rows: bool, group: int):
     # one compiled copy (eager pad / reshape / transpose would each materialise the matrix)
     w = w.astype(dtype)
     if dtype == jnp.bfloat16:
         w = jax.lax.bitcast_convert_type(w, jnp.uint16)
     if rows:  # [out, in]
         d_out, d_in = w.shape
-        groups = -(-d_out // GROUP)
-        w = jnp.pad(w, ((0, groups * GROUP - d_out), (0, 0)))
-        return w.reshape(groups, GROUP, d_in).transpose(0, 2, 1)
+        groups = -(-d_out // group)
+        w = jnp.pad(w, ((0, groups * group - d_out), (0, 0)))
+        return w.reshape(groups, group, d_in).transpose(0, 2, 1)
     d_in, d_out = w.shape
-    groups = -(-d_out // GROUP)
-    w = jnp.pad(w, ((0, 0), (0, groups * GROUP - d_out)))
-    return w.reshape(d_in, groups, GROUP).transpose(1, 0, 2)
+    groups = -(-d_out // group)
+    w = jnp.pad(w, ((0, 0), (0, groups * group - d_out)))
+    return w.reshape(d_in, groups, group).transpose(1, 0, 2)
 
 
 def stored_dtype(wp: jax.Array) -> jnp.dtype:
@@ -117,16 +139,16 @@ def widen(raw: jax.Array) -> jax.Array:
     return raw.astype(jnp.float32)
 
 
-def pack(w, dtype=jnp.float32) -> jax.Array:
-    """[in, out] -> [groups, in, 128] in ``dtype`` (float32 or bfloat16), output columns
-    zero-padded to a multiple of 128."""
-    return _pack(jnp.asarray(w), _check_pack_dtype(dtype), False)
+def pack(w, dtype=jnp.float32, group: int | None = None) -> jax.Array:
+    """[in, out] -> [groups, in, group] in ``dtype`` (float32 or bfloat16), output columns
+    zero-padded to a multiple of ``group`` (64 or 128; default ``group_width()``)."""
+    return _pack(jnp.asarray(w), _check_pack_dtype(dtype), False, _check_group(group))
 
 
-def pack_rows(w_t, dtype=jnp.float32) -> jax.Array:
-    """``pack(w_t.T, dtype)`` from an [out, in] matrix (a tied embedding as the LM head), without
-    a transposed copy first."""
-    return _pack(jnp.asarray(w_t), _check_pack_dtype(dtype), True)
+def pack_rows(w_t, dtype=jnp.float32, group: int | None = None) -> jax.Array:
+    """``pack(w_t.T, dtype, group)`` from an [out, in] matrix (a tied embedding as the LM head),
+    without a transposed copy first."""
+    return _pack(jnp.asarray(w_t), _check_pack_dtype(dtype), True, _check_group(group))
 
 
 def packed_columns(wp: jax.Array, ids) -> jax.Array:
@@ -135,13 +157,14 @@ def packed_columns(wp: jax.Array, ids) -> jax.Array:
     strided gather of ``in`` values each (a tied embedding's rows, read from the LM head it is
     packed as)."""
     ids = jnp.asarray(ids, jnp.int32)
-    return wp[ids // GROUP, :, ids % GROUP]
+    group = wp.shape[2]
+    return wp[ids // group, :, ids % group]
 
 
 def unpack(wp: jax.Array, d_out: int) -> jax.Array:
     """Inverse of ``pack``, in the stored dtype (inside jit: a transpose)."""
-    groups, d_in, _ = wp.shape
-    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, groups * GROUP)[:, :d_out])
+    groups, d_in, group = wp.shape
+    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, groups * group)[:, :d_out])
 
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
