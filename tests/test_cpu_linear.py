@@ -113,10 +113,9 @@ def test_a_rows_result_does_not_depend_on_its_window(storage, d_in, group):
     inputs take several input chunks and leave a remainder; 300 outputs are 19 tiles, the last
     partial, in packed rows of 8 or 4 tiles (both row widths, each against the other). 9-11
     rows end in a block of 3-5 (unwidened bf16: the 3-row block of 8 tiles and the 4-5-row
-    blocks of 4); 260 rows are a
-    252-row block (widened) and 8 rows left over (too few to widen), 264 a second widened
-    block. Negative control: the same products summed in another order differ, so bit
-    equality is a real check."""
+    blocks of 4); 260 rows are a 252-row block (widened) and 8 rows left over (too few to
+    widen), 264 a second widened block. Negative control: the same products summed in another
+    order differ, so bit equality is a real check."""
     rng = np.random.default_rng(d_in)
     x = rng.standard_normal((264, d_in)).astype(np.float32)
     w = rng.standard_normal((d_in, 300)).astype(np.float32)

@@ -3,8 +3,8 @@
 //
 // W is packed once at load as [groups, in, 128] float32 or bfloat16 ([groups, in, 64] when packed
 // under AVX2, whose registers hold 4 tiles of a row; either width runs on either instruction set
-// with the same bits): group g holds output columns
-// 128g..128g+127 (zero-padded past `out`), row i of a group is the 128 weights that input i feeds,
+// with the same bits): group g holds output columns 128g..128g+127 (zero-padded past `out`),
+// row i of a group is the 128 weights that input i feeds,
 // and a group is 8 tiles of 16 columns side by side (tile j is columns 16j..16j+15, at offset
 // 16 (j mod 8) of its group's rows). So a decode step's 8 tiles side by side read one contiguous
 // stream (a row of a group after the other) instead of 8 streams, one per tile: a real-size
@@ -344,22 +344,22 @@ __attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t
 }
 inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  // never widened
 
-// Rows [r0, r0 + rows) of output columns [16 t0, 16 t1) (t0 a multiple of kGroup). Tiles go in
-// sets of S side by side: a whole packed group's row (8) where the range has it, narrower at its
-// end (a power of two; it only ever narrows, so a set never crosses a group) and 1 for the
-// partial last tile. Rows go in blocks of 6, then one block of the 1-5 left over, each block
-// taking as many of the set's tiles side by side as its registers allow (Isa::most); a window
-// of up to 6 rows goes in blocks of Isa::block (AVX-512: 3, so a 4-6-row window takes 8 tiles
-// a pass in its 3-row blocks: a 4-row window ~14 % faster than one 4-row block of 4 tiles in
+// Rows [r0, r0 + rows) of output columns [16 t0, 16 t1) (t0 a multiple of the 2^lg tiles of a
+// packed row). Tiles go in sets of S side by side: a whole packed row (8 or 4) where the range has
+// it, narrower at its end (a power of two; it only ever narrows, so a set never crosses a group)
+// and 1 for the partial last tile. Rows go in blocks of 6, then one block of the 1-5 left over,
+// each block taking as many of the set's tiles side by side as its registers allow (Isa::most); a
+// window of up to 6 rows goes in blocks of Isa::block (AVX-512: 3, so a 4-6-row window takes 8
+// tiles a pass in its 3-row blocks: a 4-row window ~14 % faster than one 4-row block of 4 tiles in
 // two passes; a 512-row prefill's widened sets were ~40 % slower in 3-row blocks). One block
 // covering the set (1-3 rows on AVX-512) streams it in one pass; otherwise the first pass
 // prefetches the set's whole rows ahead, so the later passes (the set's other tiles, further row
-// blocks) find them in L2 and a window of up to 6 rows reads every weight from memory once, in
-// the order it is stored. `wide` (bf16 weights, many rows): the set is widened to float32 128
-// inputs at a time (kChunk) into `buf` and every block runs the float32 loop over that chunk,
-// continuing its partial sums, instead of widening in every block's inner loop (the conversion
-// cost the bf16 kernel ~40 % of a 512-row prefill's products); the widening is exact and a sum
-// split into chunks is the same chain, so the result is bit for bit the same.
+// blocks) find them in L2 and a window of up to 6 rows reads every weight from memory once, in the
+// order it is stored. `wide` (bf16 weights, many rows): the set is widened to float32 128 inputs at
+// a time (kChunk) into `buf` and every block runs the float32 loop over that chunk, continuing its
+// partial sums, instead of widening in every block's inner loop (the conversion cost the bf16
+// kernel ~40 % of a 512-row prefill's products); the widening is exact and a sum split into chunks
+// is the same chain, so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
               const W* w, int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
@@ -444,8 +444,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   auto yd = y->dimensions();
   if (xd.size() < 2 || wd.size() != 3 || yd.size() != 2) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: expected x [rows, in] (or [rows, "
-                                       "..., in] split in heads), w [groups, in, 64 or 128], y [rows, "
-                                       "out]");
+                                       "..., in] split in heads), w [groups, in, 64 or 128], "
+                                       "y [rows, out]");
   }
   int64_t k = 1;  // x's trailing dimensions together are the input width
   for (size_t i = 1; i < xd.size(); ++i) k *= xd[i];

@@ -16,9 +16,9 @@ from its LM head (``packed_columns``, ``widen``).
 
 The packed layout keeps 128 output columns (8 tiles of 16; 64, 4 tiles, when packed under AVX2:
 ``group_width``) per row of a group, so a decode step reads each group as one contiguous
-stream. Rows are processed in blocks of 6 (then one block of
-the 1-5 left over; 252 rows at a time; a window of up to 6 rows in blocks of 3 on AVX-512)
-against up to 8 tiles side by side, and a window of up to 6 rows reads every weight once.
+stream. Rows are processed in blocks of 6 (then one block of the 1-5 left over; 252 rows at a
+time; a window of up to 6 rows in blocks of 3 on AVX-512) against up to 8 tiles side by side,
+and a window of up to 6 rows reads every weight once.
 Every output is one float32 FMA chain over its inputs in order, whatever block its row falls
 in, with AVX2 or, where the CPU has it, AVX-512
 (``settings.current().isa``): a row's value is the same alone, in a verify window or in a
@@ -40,8 +40,9 @@ from mtpspec.kernels import library, settings
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16)
-GROUP = 128  # columns per packed row on AVX-512: 8 tiles of 16 side by side, read as one stream
-GROUPS = (64, 128)  # the packed row widths the kernel reads: 4 tiles (AVX2's most) or 8
+# The packed row widths the kernel reads, by ISA code: 64 columns (4 tiles of 16 side by side,
+# AVX2's most) or 128 (8, AVX-512's), each row read as one stream.
+GROUPS = (64, 128)
 
 
 def group_width(isa: str | None = None) -> int:
@@ -50,7 +51,7 @@ def group_width(isa: str | None = None) -> int:
     128-column row took two passes, the second from L2: a decode step's products ~1.1x and a
     4-row window's ~1.4x slower, BUILD_NOTES 2026-12-07). The kernel reads either width with
     either instruction set and the values do not depend on it; only the speed does."""
-    return GROUP if isa_code(isa) == 1 else 64
+    return GROUPS[isa_code(isa)]
 
 
 ISAS = settings.ISAS
