@@ -9,9 +9,10 @@ out). The result is written with ``DraftVocab.save`` (``--out``, default ``DIR/d
 for a checkpoint directory that is not the shipped one) and used as
 ``SpecConfig(draft_vocab=DraftVocab.load(DIR))`` or ``--draft_vocab`` in the bench.
 
-``--measure``: greedy decoding of the held-out demo prompts, plain and MTP k = 1..3 with and
-without the vocabulary: the coverage (share of plain greedy's tokens inside it), τ each way, and
-whether every speculative run emitted plain greedy's tokens (it must).
+``--measure``: greedy decoding of the held-out demo prompts, plain and MTP k = 1..3 (or the
+``--num_draft`` list) with and without the vocabulary: the coverage (share of plain greedy's
+tokens inside it), τ each way, and whether every speculative run emitted plain greedy's tokens
+(it must).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ flags.DEFINE_integer("size", None, "Ids to keep.", required=True)
 flags.DEFINE_string("out", None, "Where to write draft_vocab.json (a directory or a .json).")
 flags.DEFINE_bool("measure", False, "Measure coverage and τ on the held-out demo prompts.")
 flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt for --measure.")
+cli.define_num_draft("1,2,3", "Draft lengths k for --measure (a comma list).")
 
 
 def _texts(shipped: bool) -> tuple[list[str], str]:
@@ -45,14 +47,14 @@ def _texts(shipped: bool) -> tuple[list[str], str]:
     return [(root / f).read_text(errors="replace") for f in files], "the training split"
 
 
-def measure(config, params, vocab) -> dict:
+def measure(config, params, vocab, ks: list[int]) -> dict:
     import mtpspec
 
     prompts = cli.bench_prompts(config, 4)
     n = FLAGS.max_new_tokens
     plain = mtpspec.generate(config, params, prompts, max_new_tokens=n)
     out = {"coverage": vocab.coverage(plain.tokens), "runs": {}}
-    for k in (1, 2, 3):
+    for k in ks:
         for name, dv in (("full", None), (f"vocab={vocab.size}", vocab)):
             spec = mtpspec.SpecConfig(num_draft=k, draft_vocab=dv)
             r = mtpspec.generate(config, params, prompts, max_new_tokens=n, speculative=spec)
@@ -68,6 +70,7 @@ def main(argv):
     from mtpspec import checkpoints
     from mtpspec.decoding.draft_vocab import DraftVocab
 
+    ks = cli.num_drafts()  # a bad --num_draft fails here, before the load
     path = pathlib.Path(FLAGS.checkpoint)
     shipped = path.resolve() == pathlib.Path(cli.DEFAULT_MODEL).resolve()
     if FLAGS.out is None and shipped:
@@ -84,7 +87,7 @@ def main(argv):
     written = vocab.save(FLAGS.out or path)
     result = {"draft_vocab": str(written), "size": vocab.size, "source": vocab.source}
     if FLAGS.measure:
-        result.update(measure(config, params, vocab))
+        result.update(measure(config, params, vocab, ks))
     print(json.dumps(result, indent=1))
 
 

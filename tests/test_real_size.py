@@ -129,7 +129,7 @@ assert check_peer("llama-bench", {str(gguf)!r}) == {str(peer)!r}  # found on PAT
 def test_draft_vocab_tool_counts_the_training_split_and_keeps_greedy(tmp_path):
     done = _tool(
         "experiments.draft_vocab", "--size=48", f"--out={tmp_path}", "--measure",
-        "--max_new_tokens=24",
+        "--max_new_tokens=24", "--num_draft=2",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout)
@@ -137,5 +137,6 @@ def test_draft_vocab_tool_counts_the_training_split_and_keeps_greedy(tmp_path):
     assert vocab.size == 48 and "training split" in vocab.source
     assert ord(" ") in vocab.ids and ord("e") in vocab.ids  # the commonest bytes of code
     assert 0.5 < got["coverage"] < 1.0
+    assert set(got["runs"]) == {"mtp k=2 full", "mtp k=2 vocab=48"}  # --num_draft=2 alone
     assert all(r["same_as_plain"] for r in got["runs"].values())
     assert got["runs"]["mtp k=2 vocab=48"]["tau"] > 1.2

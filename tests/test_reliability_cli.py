@@ -61,6 +61,11 @@ MISTAKES = {
     "check_hf_export: required flag missing": (
         "check_hf_export", [], USAGE, ["--checkpoint", "required"],
     ),
+    # checked before the load (the checkpoint does not exist either)
+    "draft_vocab: --num_draft out of range": (
+        "draft_vocab", ["--checkpoint=/nonexistent", "--size=8", "--num_draft=0"], USAGE,
+        ["--num_draft", ">= 1"],
+    ),
     "acceptance: checkpoint does not exist": (
         "acceptance", ["--checkpoint=/nonexistent"], FAILED, ["/nonexistent", "does not exist"],
     ),
