@@ -6,6 +6,10 @@
 
 Prints one JSON object (and writes it with ``--json_out``):
 
+  kernels                                    the C++ kernels' settings (KernelSettings; with
+                                             --prefill_activations=bfloat16 the prompt's forward
+                                             takes bf16 activations: prefill_tok_s and the
+                                             reference's Δ log p show what that changes)
   load_s, rss_after_load_gib, rss_peak_gib   load wall time (``checkpoints.load``, by default
                                              ``for_decoding=True``: one copy of the weights);
                                              resident set size (VmRSS, GiB) after load and the
@@ -69,6 +73,13 @@ cli.define_num_draft("1,2,3", "MTP k values to cost (comma list).")
 flags.DEFINE_string("draft_vocab", None, "draft_vocab.json path, or an int N (the N lowest ids).")
 flags.DEFINE_string("llama_bench", None, "llama.cpp's llama-bench binary (optional peer).")
 flags.DEFINE_string("gguf", None, "The same checkpoint converted to GGUF, for --llama_bench.")
+flags.DEFINE_enum(
+    "prefill_activations",
+    None,
+    ["float32", "bfloat16"],
+    "The prompt's forward with float32 or bf16 activations against bf16 weights "
+    "(KernelSettings.prefill_activations; default: the settings in effect).",
+)
 cli.define_json_out()
 
 
@@ -144,6 +155,18 @@ def timed(config, params, prompt, n, spec=None) -> tuple[float, list[int], float
 def main(argv):
     del argv
     peer_bin = check_peer(FLAGS.llama_bench, FLAGS.gguf)
+    import dataclasses
+
+    from mtpspec.kernels import settings
+
+    ks = settings.current()
+    if FLAGS.prefill_activations is not None:  # OSError on a CPU without AVX-512 BF16
+        ks = dataclasses.replace(ks, prefill_activations=FLAGS.prefill_activations)
+    with settings.use(ks) as ks:
+        _main(peer_bin, dataclasses.asdict(ks))
+
+
+def _main(peer_bin, kernels: dict):
     import jax
 
     import mtpspec
@@ -158,6 +181,7 @@ def main(argv):
         "checkpoint": FLAGS.checkpoint,
         "dtype": config.dtype,
         "for_decoding": FLAGS.for_decoding,
+        "kernels": kernels,
     }
     out["load_s"], out["rss_after_load_gib"] = time.perf_counter() - t0, rss_gib()
     out["rss_peak_after_load_gib"] = peak_gib()

@@ -431,3 +431,118 @@ def inference_compute(config):
     from mtpspec.models.inference import compute_config
 
     return compute_config(config, "ffi")
+
+
+# ---- bfloat16 activations in the prompt's forward (KernelSettings.prefill_activations) --------
+
+BF16_DOT = kernel_settings.has_bf16_dot()
+bf16_dot = pytest.mark.skipif(not BF16_DOT, reason="needs a CPU with AVX-512 BF16 (vdpbf16ps)")
+PREFILL_BF16 = KernelSettings(prefill_activations="bfloat16")
+
+
+def _bf16_round(a):
+    """float32 -> the nearest bf16 (ties to even), as float32: numpy's own integer arithmetic."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _dpbf16_reference(x, w):
+    """bf16(x) @ w the way ``vdpbf16ps`` defines it (Intel's pseudocode): per output, over the
+    input pairs (2j, 2j + 1) in order, add the odd product, round to float32, then the even one
+    (bf16 x bf16 products are exact in float32); an odd input count ends with a zero pair half."""
+    xb = _bf16_round(x)
+    if xb.shape[1] % 2:
+        xb, w = np.pad(xb, ((0, 0), (0, 1))), np.pad(w, ((0, 1), (0, 0)))
+    acc = np.zeros((x.shape[0], w.shape[1]), np.float32)
+    for j in range(xb.shape[1] // 2):
+        acc = acc + xb[:, 2 * j + 1, None] * w[None, 2 * j + 1]
+        acc = acc + xb[:, 2 * j, None] * w[None, 2 * j]
+    return acc
+
+
+def _apply_in_prefill(ks, x, wp, d_out):
+    with kernel_settings.use(ks), kernel_settings.prefill_scope():
+        return np.asarray(users_jit(cpu_linear.apply, static_argnums=2)(x, wp, d_out))
+
+
+@built
+@bf16_dot
+@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize(
+    "rows, d_in, d_out", [(1, 64, 16), (7, 130, 200), (13, 517, 300), (40, 256, 1000), (6, 1, 40)]
+)
+def test_bf16_activations_are_the_dot_instructions_sum_and_rows_stay_independent(
+    rows, d_in, d_out, group
+):
+    """The prefill's bf16-activation product equals, bit for bit, vdpbf16ps's defined sum on
+    numpy's side (x rounded to bf16, pairs in order, odd product first); each row alone gives
+    the same bits as in the whole call; outside ``prefill_scope`` the same settings run the
+    float32 path (its bits are the float32 kernel's), and the two differ (the negative control)."""
+    rng = np.random.default_rng(rows + d_in)
+    x = rng.standard_normal((rows, d_in)).astype(np.float32)
+    w = _bf16_round(rng.standard_normal((d_in, d_out)).astype(np.float32) * 0.1)
+    wp = cpu_linear.pack(w, jnp.bfloat16, group=group)
+    got = _apply_in_prefill(PREFILL_BF16, x, wp, d_out)
+    np.testing.assert_array_equal(got, _dpbf16_reference(x, w))
+    alone = [_apply_in_prefill(PREFILL_BF16, x[r : r + 1], wp, d_out) for r in (0, rows - 1)]
+    np.testing.assert_array_equal(np.concatenate(alone), got[[0, rows - 1]])
+    with kernel_settings.use(PREFILL_BF16):  # not a prompt's forward: float32 activations
+        f32 = np.asarray(users_jit(cpu_linear.apply, static_argnums=2)(x, wp, d_out))
+    np.testing.assert_array_equal(f32, _apply_in_prefill(KernelSettings(), x, wp, d_out))
+    assert not np.array_equal(f32, got)
+    # float32 weights keep float32 activations (the setting is about bf16-stored weights)
+    wp32 = cpu_linear.pack(w, jnp.float32, group=group)
+    np.testing.assert_array_equal(
+        _apply_in_prefill(PREFILL_BF16, x, wp32, d_out),
+        _apply_in_prefill(KernelSettings(), x, wp32, d_out),
+    )
+
+
+def test_prefill_activations_are_checked(monkeypatch):
+    with pytest.raises(ValueError, match="prefill_activations 'int8'"):
+        KernelSettings(prefill_activations="int8")
+    env = {"MTPSPEC_CPU_PREFILL_ACTIVATIONS": "fp8"}
+    with pytest.raises(ValueError, match="MTPSPEC_CPU_PREFILL_ACTIVATIONS='fp8'"):
+        KernelSettings.from_env(env)
+    env = {"MTPSPEC_CPU_PREFILL_ACTIVATIONS": "bfloat16"}
+    assert KernelSettings.from_env(env).prefill_activations == "bfloat16"
+    monkeypatch.setattr(kernel_settings, "has_bf16_dot", lambda: False)
+    with pytest.raises(OSError, match="AVX-512 BF16"), kernel_settings.use(PREFILL_BF16):
+        pass
+
+
+@built
+@bf16_dot
+def test_a_bf16_prefill_changes_the_prompts_logits_and_speculation_still_equals_plain():
+    """With bf16 activations in the prompt's forward: only the prefill program's linears take
+    them (the lowered prefill's calls say dot = 1; the whole program's loop, dot = 0); the first
+    token's log-prob moves by the rounding but stays close to the float32 prefill's; speculative
+    greedy (MTP k = 1..3) emits plain greedy's tokens, and so does a tree."""
+    import dataclasses
+
+    config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
+    p32 = models.init_params(config, jax.random.key(3), norm_scale=0.1)
+    bf16 = dataclasses.replace(config, dtype="bfloat16")
+    pb = jax.tree.map(lambda x: x.astype(jnp.bfloat16), p32)
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [7, 8, 9]]
+    run = dict(max_new_tokens=12, return_logprobs=True, linear="ffi")
+    PARTS = ("prefill", "run")
+    exact = mtpspec.generate(bf16, pb, prompts, **run)
+    with kernel_settings.use(PREFILL_BF16):
+        plain = mtpspec.generate(bf16, pb, prompts, **run)
+        prepared = decoding.prepare(bf16, pb, prompts, max_new_tokens=12, linear="ffi")
+        texts = {part: prepared.program.lower(prepared.args, part).as_text() for part in PARTS}
+        for spec in (mtpspec.SpecConfig(num_draft=k) for k in (1, 2, 3)):
+            assert (
+                mtpspec.generate(bf16, pb, prompts, speculative=spec, **run).tokens == plain.tokens
+            )
+        tree = mtpspec.SpecConfig(num_draft=2, tree=(2, 1))
+        assert mtpspec.generate(bf16, pb, prompts, speculative=tree, **run).tokens == plain.tokens
+    # the prompt's forward alone takes bf16 activations; the loop's steps keep float32
+    assert "dot = 1" in texts["prefill"] and "dot = 0" not in texts["prefill"]
+    assert "dot = 1" in texts["run"] and "dot = 0" in texts["run"]
+    first = np.array([row[0] for row in plain.logprobs])
+    first_exact = np.array([row[0] for row in exact.logprobs])
+    assert not np.array_equal(first, first_exact)  # the prompt's rows really are bf16
+    np.testing.assert_allclose(first, first_exact, atol=5e-2)

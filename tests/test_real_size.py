@@ -84,6 +84,7 @@ def test_bench_runs_end_to_end_with_its_exactness_checks(reduced, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(js.read_text())
     assert got["recompiles_while_timed"] == 0
+    assert got["kernels"]["prefill_activations"] == "float32"  # the settings it ran with
     assert set(got["configs"]) == {"mtp k=1", "mtp k=1 vocab=4096"}
     assert all(c["same_as_plain"] for c in got["configs"].values())
     assert got["decode_tok_s"]["median"] > 0 and got["rss_peak_gib"] >= got["rss_after_load_gib"]

@@ -119,18 +119,22 @@ def _token_logp(logits, tokens):
 def prefill(
     s: ProgramKey, params, pparams, prompts, lengths, max_new, eos, draws, limits: DraftLimits
 ) -> Carry:
-    """Prompt forward, the first token, the proposer's init."""
+    """Prompt forward, the first token, the proposer's init. Traced in
+    ``kernels.settings.prefill_scope``: with ``KernelSettings.prefill_activations="bfloat16"`` the
+    prompt's bf16-weight linears (the proposer's init included) take bf16 activations; the decode
+    steps and verify windows never do."""
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
-    out = window_step_impl(
-        s.config, params, state, prompts, lengths, s.backend.prefill, logits_at=lengths - 1
-    )
-    last_logits = out.logits[:, 0]
-    first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
-    state, pstate = out.state, None
-    if s.proposer is not None:
-        pre = Prefilled(prompts, lengths, first, out.hidden, state)
-        pstate, state = s.proposer.init(s, params, pparams, pre, draws.fold(PROPOSER_INIT))
+    with settings.prefill_scope():
+        out = window_step_impl(
+            s.config, params, state, prompts, lengths, s.backend.prefill, logits_at=lengths - 1
+        )
+        last_logits = out.logits[:, 0]
+        first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
+        state, pstate = out.state, None
+        if s.proposer is not None:
+            pre = Prefilled(prompts, lengths, first, out.hidden, state)
+            pstate, state = s.proposer.init(s, params, pparams, pre, draws.fold(PROPOSER_INIT))
     count = jnp.ones((b,), jnp.int32)
     hit_eos = stages.is_eos(first, eos)
     stop = jnp.where(hit_eos, STOP_EOS, jnp.where(count >= max_new, STOP_LENGTH, RUNNING))

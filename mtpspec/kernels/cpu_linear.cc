@@ -41,6 +41,14 @@ extern "C" int mtpspec_cpu_linear_avx512() {
   return __builtin_cpu_supports("avx512f");
 }
 
+// Whether this CPU has the AVX-512 BF16 dot product (`vdpbf16ps`) the bfloat16-activation path
+// (`dot`, below) needs, with the AVX-512BW/VL it is compiled with.
+extern "C" int mtpspec_cpu_linear_bf16_dot() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
 namespace {
 
 constexpr int64_t kTile = 16;   // output columns a register (AVX-512) or two (AVX2) holds
@@ -432,13 +440,163 @@ void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t
   }
 }
 
+// ---- bfloat16 activations (opt-in: the `dot` attribute; a prefill's linears only) -------------
+//
+// y = bf16(x) W with float32 sums through AVX-512 BF16's `vdpbf16ps`, which multiplies pairs of
+// bf16 values and adds both products to a float32 lane: twice the multiply-adds of a float32 FMA
+// per instruction, what llama.cpp's bf16 matrices use. x is rounded to bf16 (to nearest, ties to
+// even) once per call; W's bf16 values are used as stored. Each output is one chain over its
+// inputs in pairs (i, i + 1), in order, whatever block its row is in, so a row's value does not
+// depend on the call's row count — but it is not the float32 path's value (the activations lose
+// their low 16 bits), so decoding uses it only where asked (KernelSettings.prefill_activations)
+// and only for the prompt's forward: a decode step or verify window always runs float32.
+//
+// The pairs' layout: a chunk of a set of tiles is interleaved into `buf` as 32-bit lanes, lane c
+// of pair j holding W[2j][c] (low half) and W[2j + 1][c] (high half), the layout `vdpbf16ps`
+// reads, and x's bf16 row read two inputs at a time is the matching broadcast (little-endian:
+// x[2j] in the low half). An odd input count gets a zero input and zero weights at its end.
+constexpr int64_t kDotChunk = 256;  // inputs per interleaved chunk (128 pairs x 128 x 4 B: 64 KB)
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void RoundRows(
+    const float* x, int64_t rows, int64_t k, int64_t kp, uint16_t* xb) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * k;
+    uint16_t* out = xb + r * kp;
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(xr + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), reinterpret_cast<const __m256i&>(v));
+    }
+    if (i < k) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (k - i)) - 1);
+      const __m256bh v = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xr + i));
+      _mm256_mask_storeu_epi16(out + i, m, reinterpret_cast<const __m256i&>(v));
+    }
+    if (kp > k) out[k] = 0;
+  }
+}
+
+// Inputs [i0, i1) (i0 even) of `width` columns (a multiple of 16) from w, ld apart, into pairs:
+// out[(i - i0) / 2 * width + c] = W[i][c] | W[i + 1][c] << 16 (a zero past input k - 1).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void Interleave(
+    const uint16_t* w, int64_t i0, int64_t i1, int64_t k, int64_t ld, int64_t width,
+    uint32_t* out) {
+  for (int64_t i = i0; i < i1; i += 2) {
+    const uint16_t* a = w + i * ld;
+    const bool odd_end = i + 1 >= k;
+    uint32_t* o = out + (i - i0) / 2 * width;
+    for (int64_t j = 0; j < width; j += 16) {
+      const __m512i lo =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + j)));
+      __m512i hi = _mm512_setzero_si512();
+      if (!odd_end) {
+        hi = _mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + ld + j))),
+            16);
+      }
+      _mm512_storeu_si512(o + j, _mm512_or_si512(lo, hi));
+    }
+  }
+}
+
+// R rows x P tiles over pairs [j0, j1) of the interleaved chunk w (pair j0's row; ld lanes per
+// pair), into out[r * ldo + 16 p ..]: from zero when j0 == 0, else continuing out's partial sums
+// (a float32 store and load change no value). xb: the rows' bf16 inputs, kp apart.
+template <int R, int P>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) inline void DotRows(
+    const uint16_t* xb, int64_t kp, int64_t j0, int64_t j1, const uint32_t* w, int64_t ld,
+    float* out, int64_t ldo) {
+  __m512 acc[R][P];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p)
+      acc[r][p] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + p * kTile);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint32_t* wj = w + (j - j0) * ld;
+    __m512i wv[P];
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) wv[p] = _mm512_loadu_si512(wj + p * kTile);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      __builtin_memcpy(&pair, xb + r * kp + 2 * j, sizeof(pair));
+      const __m512i xv = _mm512_set1_epi32(pair);
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p)
+        acc[r][p] = _mm512_dpbf16_ps(acc[r][p], reinterpret_cast<const __m512bh&>(xv),
+                                     reinterpret_cast<const __m512bh&>(wv[p]));
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + r * ldo + p * kTile, acc[r][p]);
+}
+
+using DotFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const uint32_t*, int64_t,
+                       float*, int64_t);
+// [R][log2 P] for R = 1..6 rows and 1, 2 or 4 tiles (6 x 4: 24 accumulators + 4 weights + 1).
+constexpr DotFn kDot[7][3] = {
+    {},
+    {DotRows<1, 1>, DotRows<1, 2>, DotRows<1, 4>},
+    {DotRows<2, 1>, DotRows<2, 2>, DotRows<2, 4>},
+    {DotRows<3, 1>, DotRows<3, 2>, DotRows<3, 4>},
+    {DotRows<4, 1>, DotRows<4, 2>, DotRows<4, 4>},
+    {DotRows<5, 1>, DotRows<5, 2>, DotRows<5, 4>},
+    {DotRows<6, 1>, DotRows<6, 2>, DotRows<6, 4>}};
+
+// Tiles [t0, t1) of every row (xb: x rounded, rows x kp) in sets of up to 4 tiles (4, 2, 1: a set
+// never crosses a packed row's group), each set's weights interleaved kDotChunk inputs at a time
+// and every block of 6 rows (then the 1-5 left) run over the chunk. A set holding columns past n
+// (the zero padding of the last group) is summed into `tmp` and its real columns copied out.
+void DotTiles(const uint16_t* xb, int64_t rows, int64_t k, int64_t kp, const uint16_t* w,
+              int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1) {
+  const int64_t g = int64_t{1} << lg, ldw = g * kTile;
+  thread_local std::vector<uint32_t> buf;
+  thread_local std::vector<float> tmp;
+  const size_t need = static_cast<size_t>(kDotChunk / 2 * 4 * kTile);
+  if (buf.size() < need) buf.resize(need);
+  for (int64_t t = t0; t < t1;) {
+    int ls = 2;
+    while (ls > 0 && (t % (int64_t{1} << ls) != 0 || t + (int64_t{1} << ls) > t1)) --ls;
+    const int64_t set = int64_t{1} << ls, c0 = t * kTile, width = set * kTile;
+    const bool padded = c0 + width > n;
+    float* dst = y + c0;
+    int64_t ldo = n;
+    if (padded) {
+      tmp.assign(static_cast<size_t>(rows * width), 0.0f);
+      dst = tmp.data();
+      ldo = width;
+    }
+    const uint16_t* wt = w + (t / g) * k * ldw + (t % g) * kTile;
+    for (int64_t i0 = 0; i0 < k; i0 += kDotChunk) {
+      const int64_t i1 = std::min(k, i0 + kDotChunk);
+      Interleave(wt, i0, i1, k, ldw, width, buf.data());
+      const int64_t j0 = i0 / 2, j1 = (i1 + 1) / 2;
+      int64_t r = 0;
+      for (; r + 6 <= rows; r += 6)
+        kDot[6][ls](xb + r * kp, kp, j0, j1, buf.data(), width, dst + r * ldo, ldo);
+      if (r < rows) kDot[rows - r][ls](xb + r * kp, kp, j0, j1, buf.data(), width, dst + r * ldo, ldo);
+    }
+    if (padded) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < n - c0; ++c) y[r * n + c0 + c] = tmp[r * width + c];
+    }
+    t += set;
+  }
+}
+
 // Below this many multiply-adds a call runs on the caller alone (a hand-off costs ~1 us).
 constexpr int64_t kMinShared = 32 * 1024;
 
 // W: float (F32 weights) or uint16_t (BF16 weights).
+// dot: 0 float32 activations (every output one FMA chain, as above), 1 bfloat16 activations
+// through `vdpbf16ps` (bf16 weights only; DotTiles).
 template <ffi::DataType T, typename W>
 ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
-                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf, int64_t isa) {
+                  ffi::ResultBuffer<ffi::F32> y, int64_t threads, int64_t pf, int64_t isa,
+                  int64_t dot) {
   auto xd = x.dimensions();
   auto wd = w.dimensions();
   auto yd = y->dimensions();
@@ -459,11 +617,37 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   if (const char* bad = mtpspec::BadIsa(isa)) {
     return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_linear: ") + bad);
   }
+  if (dot != 0 && dot != 1) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_linear: dot must be 0 or 1");
+  }
+  if (dot == 1 && sizeof(W) != 2) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_linear: bfloat16 activations (dot=1) need bfloat16 weights");
+  }
+  if (dot == 1 && !mtpspec_cpu_linear_bf16_dot()) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_linear: bfloat16 activations (dot=1) need a CPU with AVX-512 BF16");
+  }
   const Isa& set = kIsas<W>[isa];
   const Isa& f32 = kIsas<float>[isa];
   const float* xp = x.typed_data();
   const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
+  if constexpr (sizeof(W) == 2) {
+    if (dot == 1) {
+      const int64_t kp = k + (k & 1);
+      thread_local std::vector<uint16_t> xb;
+      if (xb.size() < static_cast<size_t>(rows * kp)) xb.resize(static_cast<size_t>(rows * kp));
+      RoundRows(xp, rows, k, kp, xb.data());
+      const uint16_t* xbp = xb.data();
+      mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
+                           [&](int64_t u0, int64_t u1) {
+                             DotTiles(xbp, rows, k, kp, wp, lg, n, yp, (u0 << lg),
+                                      std::min(tiles, u1 << lg));
+                           });
+      return ffi::Error::Success();
+    }
+  }
   // Units are packed groups (tiles side by side form within one; a column's value does not depend
   // on which); 4 chunks a thread.
   mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
@@ -484,7 +668,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, (Linear<ffi::F32, float>),
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("prefetch")
-                                  .Attr<int64_t>("isa"));
+                                  .Attr<int64_t>("isa")
+                                  .Attr<int64_t>("dot"));
 
 // The same over bfloat16 weights packed the same way ([groups, in, 128] bf16), held as uint16 bit
 // patterns (XLA:CPU widens a whole bf16 operand to f32 for a gather; see cpu_linear.py).
@@ -496,7 +681,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>)
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int64_t>("threads")
                                   .Attr<int64_t>("prefetch")
-                                  .Attr<int64_t>("isa"));
+                                  .Attr<int64_t>("isa")
+                                  .Attr<int64_t>("dot"));
 
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();
@@ -506,4 +692,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 8; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 9; }

@@ -19,13 +19,15 @@ The packed layout keeps 128 output columns (8 tiles of 16; 64, 4 tiles, when pac
 stream. Rows are processed in blocks of 6 (then one block of the 1-5 left over; 252 rows at a
 time; a window of up to 6 rows in blocks of 3 on AVX-512) against up to 8 tiles side by side,
 and a window of up to 6 rows reads every weight once.
-Every output is one float32 FMA chain over its inputs in order, whatever block its row falls
-in, with AVX2 or, where the CPU has it, AVX-512
-(``settings.current().isa``): a row's value is the same alone, in a verify window or in a
-prefill, on either instruction set. Work above ~32 K multiply-adds is shared with helper threads
-of XLA's intra-op pool (``linear_threads``), and the weight stream is prefetched ``prefetch``
-group rows (128 weights each) ahead of the FMAs (BUILD_NOTES.md has the runs). All three are read
-when a call is traced (``kernels.settings``).
+Every output is one float32 FMA chain over its inputs in order, whatever block its row falls in,
+with AVX2 or, where the CPU has it, AVX-512 (``settings.current().isa``): a row's value is the same
+alone, in a verify window or in a prefill, on either instruction set. (Opt-in exception: with
+``KernelSettings.prefill_activations="bfloat16"`` the prompt's forward rounds the activations of its
+bf16-weight calls to bf16 and sums pairs of products with AVX-512 BF16's ``vdpbf16ps``, the ``dot``
+attribute: about twice as fast, not the decode step's values.) Work above ~32 K multiply-adds is
+shared with helper threads of XLA's intra-op pool (``linear_threads``), and the weight stream is
+prefetched ``prefetch`` group rows (128 weights each) ahead of the FMAs (BUILD_NOTES.md has the
+runs). All three are read when a call is traced (``kernels.settings``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from mtpspec.kernels import library, settings
 
@@ -175,6 +178,9 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
     target = TARGET_BF16 if bf16 else TARGET
+    attrs = settings.current().attributes("linear")
+    if not bf16:  # bfloat16 activations are for bfloat16 weights (KernelSettings)
+        attrs["dot"] = np.int64(0)
     return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
-        x.astype(jnp.float32), wp, **settings.current().attributes("linear")
+        x.astype(jnp.float32), wp, **attrs
     )

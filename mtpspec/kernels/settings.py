@@ -16,12 +16,14 @@ MTPSPEC_CPU_LINEAR_ISA ("auto" | "avx2" | "avx512"; every kernel's instruction s
 MTPSPEC_CPU_LINEAR_THREADS, MTPSPEC_CPU_ATTENTION_THREADS, MTPSPEC_CPU_GDN_THREADS (1: the
 caller alone; 2: the caller and one helper of XLA's intra-op pool, what the 2-core machines
 this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (packed weight rows, 128 weights each,
-prefetched ahead of the FMAs; 0 = off). A bad value raises ValueError naming the variable.
+prefetched ahead of the FMAs; 0 = off) and MTPSPEC_CPU_PREFILL_ACTIVATIONS ("float32" |
+"bfloat16": see ``KernelSettings``). A bad value raises ValueError naming the variable.
 
 Neither the instruction set nor threads nor prefetch change a value: the linear sums each output
 in one FMA chain over its inputs in order, and the GDN and attention kernels compute each lane's
 row alone, on either ISA (``tests/test_cpu_linear.py`` checks AVX2 against AVX-512 bit for bit);
-the settings are still part of each program's key.
+the settings are still part of each program's key. The exception is opt-in:
+``prefill_activations="bfloat16"`` changes the prompt's rows (never a decode step's).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ _ENV = {
     "attention_threads": "MTPSPEC_CPU_ATTENTION_THREADS",
     "gdn_threads": "MTPSPEC_CPU_GDN_THREADS",
     "prefetch": "MTPSPEC_CPU_LINEAR_PREFETCH",
+    "prefill_activations": "MTPSPEC_CPU_PREFILL_ACTIVATIONS",
 }
+PREFILL_ACTIVATIONS = ("float32", "bfloat16")
 MAX_THREADS = 64
 
 
@@ -53,7 +57,13 @@ class KernelSettings:
     isa: "auto" (AVX-512 where the CPU has it, else AVX2), "avx2" or "avx512" (``resolved``
     raises OSError on a CPU without AVX-512F). *_threads: 1..64 threads sharing one call (the
     caller and helpers of XLA's intra-op pool). prefetch: weight rows the linear prefetches
-    ahead (0 = off).
+    ahead (0 = off). prefill_activations: "float32" (the default: every row's value is the
+    decode step's) or "bfloat16" — the prompt's forward (``prefill_scope``) multiplies bf16-stored
+    weights with activations rounded to bf16, through AVX-512 BF16's dot product (``resolved``
+    raises OSError on a CPU without it): about twice the multiply-adds per instruction, as
+    llama.cpp's bf16 matrices run, at the cost of the prompt's rows no longer being the values a
+    decode step would give them (decode steps and verify windows stay float32, so speculative
+    greedy still equals plain greedy; the prompt's logits move by the rounding).
     """
 
     isa: str = "auto"
@@ -61,10 +71,16 @@ class KernelSettings:
     attention_threads: int = 2
     gdn_threads: int = 2
     prefetch: int = 64
+    prefill_activations: str = "float32"
 
     def __post_init__(self):
         if not isinstance(self.isa, str) or self.isa not in ISAS:
             raise ValueError(f"unknown kernel isa {self.isa!r}; expected one of {ISAS}")
+        if self.prefill_activations not in PREFILL_ACTIVATIONS:
+            raise ValueError(
+                f"unknown prefill_activations {self.prefill_activations!r}; expected one of "
+                f"{PREFILL_ACTIVATIONS}"
+            )
         for name in ("linear_threads", "attention_threads", "gdn_threads", "prefetch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -85,7 +101,7 @@ class KernelSettings:
             raw = environ.get(var)
             if raw is None or raw == "":
                 continue
-            if field == "isa":
+            if field in ("isa", "prefill_activations"):
                 values[field] = raw
                 continue
             try:
@@ -100,7 +116,13 @@ class KernelSettings:
 
     def resolved(self) -> KernelSettings:
         """The same with ``isa`` resolved for this CPU ("auto" -> "avx512" or "avx2"); "avx512"
-        on a CPU without AVX-512F raises OSError."""
+        on a CPU without AVX-512F raises OSError, as does prefill_activations="bfloat16" on one
+        without AVX-512 BF16."""
+        if self.prefill_activations == "bfloat16" and not has_bf16_dot():
+            raise OSError(
+                "prefill_activations='bfloat16' needs the C++ kernels on a CPU with AVX-512 BF16 "
+                "(vdpbf16ps); this one lacks it"
+            )
         if self.isa == "avx2":
             return self
         avx512 = has_avx512()
@@ -119,6 +141,9 @@ class KernelSettings:
         }
         if kernel == "linear":
             out["prefetch"] = np.int64(self.prefetch)
+            # bf16 activations: asked for, and inside the prompt's forward (the bf16 kernel only)
+            bf16 = self.prefill_activations == "bfloat16" and bool(_PREFILL.value)
+            out["dot"] = np.int64(bf16)
         return out
 
     @property
@@ -134,6 +159,14 @@ def has_avx512() -> bool:
     return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_avx512())
 
 
+def has_bf16_dot() -> bool:
+    """Whether this CPU has AVX-512 BF16 (``vdpbf16ps``) with AVX-512BW/VL (False without the
+    kernels' library)."""
+    from mtpspec.kernels import library
+
+    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_bf16_dot())
+
+
 @functools.lru_cache(maxsize=1)
 def from_environment() -> KernelSettings:
     """``KernelSettings.from_env()`` of the process's environment, resolved (read once)."""
@@ -141,6 +174,16 @@ def from_environment() -> KernelSettings:
 
 
 _CONTEXT = jax.make_user_context(None)
+_PREFILL = jax.make_user_context(False)
+
+
+@contextlib.contextmanager
+def prefill_scope() -> Iterator[None]:
+    """Calls traced in the block are a prompt's forward: with ``prefill_activations="bfloat16"``
+    their bf16-weight linears take bf16 activations (decoding's prefill traces under it). A JAX
+    user context, like ``use``: programs traced inside and outside it are never mixed up."""
+    with _PREFILL(True):
+        yield
 
 
 def current() -> KernelSettings:
