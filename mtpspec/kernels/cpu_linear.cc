@@ -455,7 +455,7 @@ void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t
 // of pair j holding W[2j][c] (low half) and W[2j + 1][c] (high half), the layout `vdpbf16ps`
 // reads, and x's bf16 row read two inputs at a time is the matching broadcast (little-endian:
 // x[2j] in the low half). An odd input count gets a zero input and zero weights at its end.
-constexpr int64_t kDotChunk = 256;  // inputs per interleaved chunk (128 pairs x 128 x 4 B: 64 KB)
+constexpr int64_t kDotChunk = 512;  // inputs per interleaved chunk (256 pairs x 64 x 4 B: 64 KB)
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void RoundRows(
     const float* x, int64_t rows, int64_t k, int64_t kp, uint16_t* xb) {
