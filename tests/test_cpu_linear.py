@@ -470,7 +470,8 @@ def _apply_in_prefill(ks, x, wp, d_out):
 @bf16_dot
 @pytest.mark.parametrize("group", [64, 128])
 @pytest.mark.parametrize(
-    "rows, d_in, d_out", [(1, 64, 16), (7, 130, 200), (13, 517, 300), (40, 256, 1000), (6, 1, 40)]
+    "rows, d_in, d_out",
+    [(1, 64, 16), (7, 130, 200), (13, 517, 300), (40, 256, 1000), (6, 1, 40), (5, 1101, 70)],
 )
 def test_bf16_activations_are_the_dot_instructions_sum_and_rows_stay_independent(
     rows, d_in, d_out, group
@@ -508,6 +509,8 @@ def test_prefill_activations_are_checked(monkeypatch):
     env = {"MTPSPEC_CPU_PREFILL_ACTIVATIONS": "bfloat16"}
     assert KernelSettings.from_env(env).prefill_activations == "bfloat16"
     monkeypatch.setattr(kernel_settings, "has_bf16_dot", lambda: False)
+    with pytest.raises(ValueError, match="isa='avx2' forbids"):
+        KernelSettings(isa="avx2", prefill_activations="bfloat16").resolved()
     with pytest.raises(OSError, match="AVX-512 BF16"), kernel_settings.use(PREFILL_BF16):
         pass
 

@@ -635,9 +635,13 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   float* yp = y->typed_data();
   if constexpr (sizeof(W) == 2) {
     if (dot == 1) {
+      if (k == 0) {  // no inputs: every output is the empty sum
+        std::fill(yp, yp + rows * n, 0.0f);
+        return ffi::Error::Success();
+      }
       const int64_t kp = k + (k & 1);
-      thread_local std::vector<uint16_t> xb;
-      if (xb.size() < static_cast<size_t>(rows * kp)) xb.resize(static_cast<size_t>(rows * kp));
+      // per call (a prompt's rows can be many; a thread_local would keep the largest forever)
+      std::vector<uint16_t> xb(static_cast<size_t>(rows * kp));
       RoundRows(xp, rows, k, kp, xb.data());
       const uint16_t* xbp = xb.data();
       mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,

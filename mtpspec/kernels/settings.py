@@ -12,7 +12,8 @@ reused under another. Decoding resolves ``current()`` once in ``prepare`` into i
 (part of the program key) and traces its programs under that value.
 
 Outside any ``use``, the value comes from the environment, read once at import:
-MTPSPEC_CPU_LINEAR_ISA ("auto" | "avx2" | "avx512"; every kernel's instruction set),
+MTPSPEC_CPU_LINEAR_ISA ("auto" | "avx2" | "avx512"; every kernel's instruction set but the
+bf16-activation prefill's, which is AVX-512 BF16's),
 MTPSPEC_CPU_LINEAR_THREADS, MTPSPEC_CPU_ATTENTION_THREADS, MTPSPEC_CPU_GDN_THREADS (1: the
 caller alone; 2: the caller and one helper of XLA's intra-op pool, what the 2-core machines
 this is tuned on want) and MTPSPEC_CPU_LINEAR_PREFETCH (packed weight rows, 128 weights each,
@@ -117,7 +118,14 @@ class KernelSettings:
     def resolved(self) -> KernelSettings:
         """The same with ``isa`` resolved for this CPU ("auto" -> "avx512" or "avx2"); "avx512"
         on a CPU without AVX-512F raises OSError, as does prefill_activations="bfloat16" on one
-        without AVX-512 BF16."""
+        without AVX-512 BF16 (or without the kernels' library: the setting is then an error
+        wherever settings are resolved, as isa="avx512" is); "bfloat16" with isa="avx2" raises
+        ValueError."""
+        if self.prefill_activations == "bfloat16" and self.isa == "avx2":
+            raise ValueError(
+                "prefill_activations='bfloat16' runs AVX-512 BF16 instructions; isa='avx2' "
+                "forbids them"
+            )
         if self.prefill_activations == "bfloat16" and not has_bf16_dot():
             raise OSError(
                 "prefill_activations='bfloat16' needs the C++ kernels on a CPU with AVX-512 BF16 "
