@@ -273,7 +273,7 @@ void Run(ffi::ThreadPool& pool, int64_t threads, const Layout& lay, const float*
     RunGroups(lay, qp, kp, vp, op, scale, u0, u1, span);
   };
   const bool share = lay.b * lay.g * lay.rows * lay.n * lay.d >= kMinShared;
-  mtpspec::ParallelFor(pool, threads, lay.Units(), share, 8, units);
+  mtpspec::ParallelFor(pool, threads, lay.Units(), share, units);
 }
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,

@@ -255,7 +255,7 @@ void Run(ffi::ThreadPool& pool, int64_t threads, int64_t isa, const Window& w,
            in_place);
     }
   };
-  mtpspec::ParallelFor(pool, threads, w.b * hv, t * hs >= kMinShared, 2, heads);
+  mtpspec::ParallelFor(pool, threads, w.b * hv, t * hs >= kMinShared, heads);
 }
 
 using mtpspec::BadIsa;

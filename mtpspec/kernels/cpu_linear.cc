@@ -577,7 +577,9 @@ void DotTiles(const uint16_t* xb, int64_t rows, int64_t k, int64_t kp, const uin
       int64_t r = 0;
       for (; r + 6 <= rows; r += 6)
         kDot[6][ls](xb + r * kp, kp, j0, j1, buf.data(), width, dst + r * ldo, ldo);
-      if (r < rows) kDot[rows - r][ls](xb + r * kp, kp, j0, j1, buf.data(), width, dst + r * ldo, ldo);
+      if (r < rows) {
+        kDot[rows - r][ls](xb + r * kp, kp, j0, j1, buf.data(), width, dst + r * ldo, ldo);
+      }
     }
     if (padded) {
       for (int64_t r = 0; r < rows; ++r)
@@ -644,7 +646,7 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
       std::vector<uint16_t> xb(static_cast<size_t>(rows * kp));
       RoundRows(xp, rows, k, kp, xb.data());
       const uint16_t* xbp = xb.data();
-      mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
+      mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared,
                            [&](int64_t u0, int64_t u1) {
                              DotTiles(xbp, rows, k, kp, wp, lg, n, yp, (u0 << lg),
                                       std::min(tiles, u1 << lg));
@@ -653,8 +655,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
     }
   }
   // Units are packed groups (tiles side by side form within one; a column's value does not depend
-  // on which); 4 chunks a thread.
-  mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared, 4,
+  // on which).
+  mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared,
                        [&](int64_t u0, int64_t u1) {
                          Tiles(set, f32, xp, rows, k, wp, lg, n, yp, (u0 << lg),
                                std::min(tiles, u1 << lg), pf);
