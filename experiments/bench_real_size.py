@@ -44,6 +44,7 @@ which ids are frequent (the drafts' acceptance is then meaningless, their cost i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -155,8 +156,6 @@ def timed(config, params, prompt, n, spec=None) -> tuple[float, list[int], float
 def main(argv):
     del argv
     peer_bin = check_peer(FLAGS.llama_bench, FLAGS.gguf)
-    import dataclasses
-
     from mtpspec.kernels import settings
 
     ks = settings.current()

@@ -441,10 +441,8 @@ PREFILL_BF16 = KernelSettings(prefill_activations="bfloat16")
 
 
 def _bf16_round(a):
-    """float32 -> the nearest bf16 (ties to even), as float32: numpy's own integer arithmetic."""
-    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return u.astype(np.uint32).view(np.float32)
+    """float32 -> the nearest bf16 (ties to even), as float32 numpy."""
+    return np.asarray(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16), np.float32)
 
 
 def _dpbf16_reference(x, w):
@@ -530,12 +528,12 @@ def test_a_bf16_prefill_changes_the_prompts_logits_and_speculation_still_equals_
     pb = jax.tree.map(lambda x: x.astype(jnp.bfloat16), p32)
     prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], [7, 8, 9]]
     run = dict(max_new_tokens=12, return_logprobs=True, linear="ffi")
-    PARTS = ("prefill", "run")
+    parts = ("prefill", "run")
     exact = mtpspec.generate(bf16, pb, prompts, **run)
     with kernel_settings.use(PREFILL_BF16):
         plain = mtpspec.generate(bf16, pb, prompts, **run)
         prepared = decoding.prepare(bf16, pb, prompts, max_new_tokens=12, linear="ffi")
-        texts = {part: prepared.program.lower(prepared.args, part).as_text() for part in PARTS}
+        texts = {part: prepared.program.lower(prepared.args, part).as_text() for part in parts}
         for spec in (mtpspec.SpecConfig(num_draft=k) for k in (1, 2, 3)):
             assert (
                 mtpspec.generate(bf16, pb, prompts, speculative=spec, **run).tokens == plain.tokens

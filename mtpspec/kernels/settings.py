@@ -160,19 +160,22 @@ class KernelSettings:
         return int(self.resolved().isa == "avx512")
 
 
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512F (False when the kernels' library is not available)."""
+def _cpu_has(probe: str) -> bool:
+    """The kernels' library's CPU feature ``probe`` (a C function), False without the library."""
     from mtpspec.kernels import library
 
-    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_avx512())
+    return library.status()[0] and bool(getattr(library.handle(), probe)())
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512F (False when the kernels' library is not available)."""
+    return _cpu_has("mtpspec_cpu_linear_avx512")
 
 
 def has_bf16_dot() -> bool:
     """Whether this CPU has AVX-512 BF16 (``vdpbf16ps``) with AVX-512BW/VL (False without the
     kernels' library)."""
-    from mtpspec.kernels import library
-
-    return library.status()[0] and bool(library.handle().mtpspec_cpu_linear_bf16_dot())
+    return _cpu_has("mtpspec_cpu_linear_bf16_dot")
 
 
 @functools.lru_cache(maxsize=1)
