@@ -30,6 +30,7 @@ def load(
     allow_missing_mtp: bool = False,
     for_decoding: bool = False,
     linear: str = "auto",
+    weights: str = "stored",
 ):
     """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
     (config.json + safetensors). ``dtype``: "float32" | "bfloat16" (``config.DTYPES``; a NumPy /
@@ -45,11 +46,14 @@ def load(
     layout decoding runs on (fused, packed for ``linear``'s implementation, the tied embedding
     stored once), converted module by module while the canonical tree is freed, so only one copy
     is ever resident. They decode (``generate``, ``text.complete``, ...) but cannot train, be
-    exported or sharded (no ``mesh``)."""
+    exported or sharded (no ``mesh``). ``weights="int8"`` (``for_decoding`` only; opt-in and
+    lossy) stores every matrix as per-column int8 (``inference.check_weights``)."""
     from mtpspec.config import check_dtype
 
     if for_decoding and mesh is not None:
         raise ValueError("for_decoding=True cannot take a mesh: DecodingWeights are not sharded")
+    if weights != "stored" and not for_decoding:
+        raise ValueError(f"weights={weights!r} is a decoding layout: pass for_decoding=True")
     if dtype is _OWN:
         dtype = None if for_decoding else "float32"
     dtype = None if dtype is None else check_dtype(dtype)
@@ -61,23 +65,26 @@ def load(
     from mtpspec.models import inference
 
     impl = inference.resolve_linear(linear)  # a bad or unavailable choice raises before any read
+    quant = inference.check_weights(weights, impl)
     if (path / "params").is_dir():  # orbax restores the whole tree, converted after
         config, params = restore_params(path, dtype=dtype)
-        return config, inference.decoding_weights(config, params, linear=impl, consume=True)
+        return config, inference.decoding_weights(
+            config, params, linear=impl, consume=True, weights=weights
+        )
 
     def on_module(config, key, subtree):  # each layer converted as soon as it is read
         inference.check_finite(subtree)
         compute = inference.compute_config(config, impl)
-        return inference.convert_module(compute, key, subtree, impl, consume=True)
+        return inference.convert_module(compute, key, subtree, impl, consume=True, quant=quant)
 
     config, params = load_hf(
         path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, on_module=on_module
     )
     inference.check_finite({k: v for k, v in params.items() if k not in ("layers", "mtp")})
-    weights = inference.finish_decoding_weights(config, params, impl, consume=True)
+    made = inference.finish_decoding_weights(config, params, impl, consume=True, quant=quant)
     del params
     _return_freed_memory()
-    return config, weights
+    return config, made
 
 
 def _return_freed_memory() -> None:

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,13 @@ __attribute__((target("avx2,fma"))) inline void Load16(const uint16_t* w, __m256
   a = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, raw));  // columns 0-3, 8-11
   b = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, raw));  // columns 4-7, 12-15
 }
+// int8 (the opt-in per-column quantised storage): 16 weights sign-extended and converted to
+// float32, exactly (every int8 is a float32), in column order.
+__attribute__((target("avx2,fma"))) inline void Load16(const int8_t* w, __m256& a, __m256& b) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+  b = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)));
+}
 // The 16 sums of a tile row in column order (Load16's lane order undone for bf16).
 template <typename W>
 __attribute__((target("avx2,fma"))) inline void Store16(float* out, __m256 a, __m256 b) {
@@ -100,6 +108,11 @@ __attribute__((target("avx512f"))) inline __m512 Load16x512(const float* w) {
 __attribute__((target("avx512f"))) inline __m512 Load16x512(const uint16_t* w) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+__attribute__((target("avx512f"))) inline __m512 Load16x512(const int8_t* w) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
 }
 
 // Every output is one FMA chain over the inputs in order (i = 0, 1, ..., in - 1), whatever the
@@ -351,6 +364,18 @@ __attribute__((target("avx2,fma"))) inline void Widen(const uint16_t* w, int64_t
   }
 }
 inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  // never widened
+// int8 -> float32 (the values q, exactly; the column scales come after the sums, ``Scale``).
+__attribute__((target("avx2,fma"))) inline void Widen(const int8_t* w, int64_t i0, int64_t i1,
+                                                      int64_t ld, int64_t width, float* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < width; j += 16) {
+      __m256 a, b;
+      Load16(w + i * ld + j, a, b);  // column order
+      _mm256_storeu_ps(out + (i - i0) * width + j, a);
+      _mm256_storeu_ps(out + (i - i0) * width + j + 8, b);
+    }
+  }
+}
 
 // Rows [r0, r0 + rows) of output columns [16 t0, 16 t1) (t0 a multiple of the 2^lg tiles of a
 // packed row). Tiles go in sets of S side by side: a whole packed row (8 or 4) where the range has
@@ -370,7 +395,8 @@ inline void Widen(const float*, int64_t, int64_t, int64_t, int64_t, float*) {}  
 // is the same chain, so the result is bit for bit the same.
 template <typename W>
 void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64_t rows, int64_t k,
-              const W* w, int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+              const W* w, int64_t kg, int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1,
+              int64_t pf) {
   const int64_t g = int64_t{1} << lg, ldw = g * kTile;  // tiles per packed row, its stride
   const int64_t full_tiles = n / kTile;
   for (int64_t t = t0; t < t1;) {
@@ -380,7 +406,7 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
     while (ls > 0 && (int64_t{1} << ls) > full) --ls;
     const int64_t set = int64_t{1} << ls;
     const int64_t width = full > 0 ? set * kTile : n - c0;  // < 16: the partial last tile
-    const W* wt = w + (t / g) * k * ldw + (t % g) * kTile;
+    const W* wt = w + (t / g) * kg * ldw + (t % g) * kTile;
     // the partial last tile is not widened (one tile; Block runs it over all inputs at once)
     const bool widen = wide != nullptr && width >= kTile;
     const Isa& use = widen ? *wide : isa;
@@ -428,15 +454,15 @@ void RowTiles(const Isa& isa, const Isa* wide, float* buf, const float* x, int64
 constexpr int64_t kRowBlock = 252;  // a multiple of 6
 template <typename W>
 void Tiles(const Isa& isa, const Isa& f32, const float* x, int64_t rows, int64_t k, const W* w,
-           int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
-  const bool widen = sizeof(W) == 2 && rows >= kWidenRows;
+           int64_t kg, int64_t lg, int64_t n, float* y, int64_t t0, int64_t t1, int64_t pf) {
+  const bool widen = sizeof(W) < sizeof(float) && rows >= kWidenRows;  // bf16 or int8
   thread_local std::vector<float> buf;  // a chunk of a set of tiles, widened
   const size_t need = static_cast<size_t>(kChunk * kLd);
   if (widen && buf.size() < need) buf.resize(need);
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int64_t rn = std::min(kRowBlock, rows - r0);
     const Isa* wide = widen && rn >= kWidenRows ? &f32 : nullptr;
-    RowTiles(isa, wide, buf.data(), x + r0 * k, rn, k, w, lg, n, y + r0 * n, t0, t1, pf);
+    RowTiles(isa, wide, buf.data(), x + r0 * k, rn, k, w, kg, lg, n, y + r0 * n, t0, t1, pf);
   }
 }
 
@@ -592,7 +618,38 @@ void DotTiles(const uint16_t* xb, int64_t rows, int64_t k, int64_t kp, const uin
 // Below this many multiply-adds a call runs on the caller alone (a hand-off costs ~1 us).
 constexpr int64_t kMinShared = 32 * 1024;
 
-// W: float (F32 weights) or uint16_t (BF16 weights).
+// int8 weights (W = int8_t) carry their per-column scales in each group's 4 rows after its `in`
+// rows: row in + b, column c holds byte b (little-endian) of column c's float32 scale, so a column
+// read down the rows (a tied embedding's row, a draft vocabulary's column) carries its own scale.
+// Column c's output is its float32 FMA chain
+// over the int8 values (exact in float32, so the chain is the float32 kernel's on those values),
+// then one multiply by the column's scale: a row's value is still the same in any block.
+template <typename W>
+constexpr int64_t kScaleRows = sizeof(W) == 1 ? 4 : 0;
+
+// Columns [16 t0, 16 t1) of every row times their int8 scales.
+inline void Scale(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t rows, int64_t n,
+                  float* y, int64_t t0, int64_t t1) {
+  const int64_t ldw = (int64_t{1} << lg) * kTile;
+  const int64_t c1 = std::min(n, t1 * kTile);
+  for (int64_t c0 = t0 * kTile; c0 < c1;) {
+    const int64_t g = c0 / ldw, end = std::min(c1, (g + 1) * ldw);
+    const int8_t* sb = w + g * kg * ldw + k * ldw - g * ldw;  // + c: column c's byte 0
+    for (int64_t c = c0; c < end; ++c) {
+      uint32_t bits = 0;
+      for (int b = 0; b < 4; ++b)
+        bits |= uint32_t{static_cast<uint8_t>(sb[c + b * ldw])} << (8 * b);
+      float sc;
+      std::memcpy(&sc, &bits, sizeof(sc));
+      for (int64_t r = 0; r < rows; ++r) y[r * n + c] *= sc;
+    }
+    c0 = end;
+  }
+}
+inline void Scale(const void*, int64_t, int64_t, int64_t, int64_t, int64_t, float*, int64_t,
+                  int64_t) {}
+
+// W: float (F32 weights), uint16_t (BF16 weights) or int8_t (S8 weights with scales, above).
 // dot: 0 float32 activations (every output one FMA chain, as above), 1 bfloat16 activations
 // through `vdpbf16ps` (bf16 weights only; DotTiles).
 template <ffi::DataType T, typename W>
@@ -612,7 +669,8 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   const int64_t rows = xd[0], groups = wd[0], n = yd[1];
   const int64_t tiles = (n + kTile - 1) / kTile;  // those holding a column (the rest: padding)
   const int64_t ldw = wd[2], lg = ldw == kLd ? 3 : 2;  // 128 or 64 columns: 8 or 4 tiles
-  if (wd[1] != k || (ldw != kLd && ldw != kLd / 2) || yd[0] != rows ||
+  const int64_t kg = k + kScaleRows<W>;  // a group's rows
+  if (wd[1] != kg || (ldw != kLd && ldw != kLd / 2) || yd[0] != rows ||
       groups != (n + ldw - 1) / ldw) {
     return ffi::Error::InvalidArgument("mtpspec_cpu_linear: shapes do not match");
   }
@@ -658,8 +716,9 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   // on which).
   mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared,
                        [&](int64_t u0, int64_t u1) {
-                         Tiles(set, f32, xp, rows, k, wp, lg, n, yp, (u0 << lg),
-                               std::min(tiles, u1 << lg), pf);
+                         const int64_t t0 = u0 << lg, t1 = std::min(tiles, u1 << lg);
+                         Tiles(set, f32, xp, rows, k, wp, kg, lg, n, yp, t0, t1, pf);
+                         if constexpr (sizeof(W) == 1) Scale(wp, kg, k, lg, rows, n, yp, t0, t1);
                        });
   return ffi::Error::Success();
 }
@@ -690,6 +749,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>)
                                   .Attr<int64_t>("isa")
                                   .Attr<int64_t>("dot"));
 
+// The same over int8 weights with per-column float32 scales ([groups, in + 4, 128] int8: the
+// opt-in quantised storage, DecodingWeights' weights="int8").
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearS8, (Linear<ffi::S8, int8_t>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("threads")
+                                  .Attr<int64_t>("prefetch")
+                                  .Attr<int64_t>("isa")
+                                  .Attr<int64_t>("dot"));
+
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -698,4 +770,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 9; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 10; }

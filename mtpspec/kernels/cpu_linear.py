@@ -42,7 +42,10 @@ from mtpspec.kernels import library, settings
 
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
-PACK_DTYPES = (jnp.float32, jnp.bfloat16)
+TARGET_S8 = "mtpspec_cpu_linear_s8"
+PACK_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
+# int8 storage: each group's per-column float32 scales follow its input rows, as bytes (4 rows).
+SCALE_ROWS = 4
 # The packed row widths the kernel reads, by ISA code: 64 columns (4 tiles of 16 side by side,
 # AVX2's most) or 128 (8, AVX-512's), each row read as one stream.
 GROUPS = (64, 128)
@@ -64,6 +67,9 @@ KERNEL = library.Target(TARGET, "MtpspecCpuLinear", "linear='ffi' needs the C++ 
 available, require = KERNEL.available, KERNEL.require  # both ask KERNEL.status()
 KERNEL_BF16 = library.Target(
     TARGET_BF16, "MtpspecCpuLinearBf16", "bfloat16 weights with linear='ffi' need the C++ kernel"
+)
+KERNEL_S8 = library.Target(
+    TARGET_S8, "MtpspecCpuLinearS8", "int8 weights (weights='int8') need the C++ CPU linear kernel"
 )
 
 
@@ -102,13 +108,15 @@ def _check_group(group: int | None) -> int:
 
 def _check_pack_dtype(dtype) -> jnp.dtype:
     if jnp.dtype(dtype) not in [jnp.dtype(d) for d in PACK_DTYPES]:
-        raise ValueError(f"the CPU linear packs float32 or bfloat16 weights, not {dtype}")
+        raise ValueError(f"the CPU linear packs float32, bfloat16 or int8 weights, not {dtype}")
     return jnp.dtype(dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("dtype", "rows", "group"))
 def _pack(w, dtype, rows: bool, group: int):
     # one compiled copy (eager pad / reshape / transpose would each materialise the matrix)
+    if dtype == jnp.int8:
+        return _pack_int8(w, rows, group)
     w = w.astype(dtype)
     if dtype == jnp.bfloat16:
         w = jax.lax.bitcast_convert_type(w, jnp.uint16)
@@ -123,13 +131,61 @@ def _pack(w, dtype, rows: bool, group: int):
     return w.reshape(d_in, groups, group).transpose(1, 0, 2)
 
 
+def quantize(w, axis: int):
+    """Symmetric per-column int8 quantisation of w (float32 math) over ``axis`` (the inputs):
+    (q, scale) with w ≈ q · scale, scale = max |w| / 127 over the column (1 for an all-zero
+    column), q = round-half-even(w / scale) in [-127, 127]."""
+    w = w.astype(jnp.float32)
+    amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True)
+    scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+    q = jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
+    return q, jnp.squeeze(scale, axis)
+
+
+def _pack_int8(w, rows: bool, group: int):
+    q, scale = quantize(w, 1 if rows else 0)
+    if rows:  # [out, in]
+        d_out, d_in = q.shape
+        groups = -(-d_out // group)
+        q = jnp.pad(q, ((0, groups * group - d_out), (0, 0)))
+        q = q.reshape(groups, group, d_in).transpose(0, 2, 1)
+    else:
+        d_in, d_out = q.shape
+        groups = -(-d_out // group)
+        q = jnp.pad(q, ((0, 0), (0, groups * group - d_out)))
+        q = q.reshape(d_in, groups, group).transpose(1, 0, 2)
+    scale = jnp.pad(scale, (0, groups * group - d_out), constant_values=1.0)
+    raw = jax.lax.bitcast_convert_type(scale, jnp.int8)  # [groups * group, 4], little-endian
+    # row in + b of a group: byte b of each column's scale (a column carries its own scale)
+    raw = raw.reshape(groups, group, SCALE_ROWS).transpose(0, 2, 1)
+    return jnp.concatenate([q, raw], axis=1)
+
+
+def scales(wp: jax.Array) -> jax.Array:
+    """An int8 packed weight's per-column scales, [groups · group] float32 (padding: 1)."""
+    groups, _, group = wp.shape
+    raw = wp[:, -SCALE_ROWS:, :].transpose(0, 2, 1).reshape(groups * group, SCALE_ROWS)
+    return jax.lax.bitcast_convert_type(raw, jnp.float32)
+
+
+def _dequantize(raw: jax.Array) -> jax.Array:
+    """Columns read from an int8 packed weight (``packed_columns``: [..., in + 4]) as float32
+    values q · scale."""
+    q = raw[..., :-SCALE_ROWS].astype(jnp.float32)
+    return q * jax.lax.bitcast_convert_type(raw[..., -SCALE_ROWS:], jnp.float32)[..., None]
+
+
 def stored_dtype(wp: jax.Array) -> jnp.dtype:
-    """What a packed weight stores: bfloat16 (held as uint16 bit patterns) or float32."""
+    """What a packed weight stores: bfloat16 (held as uint16 bit patterns), int8 (with
+    per-column scales) or float32."""
     return jnp.dtype(jnp.bfloat16) if wp.dtype == jnp.uint16 else jnp.dtype(wp.dtype)
 
 
 def as_stored(raw: jax.Array) -> jax.Array:
-    """Values read from a packed weight in its ``stored_dtype`` (uint16 bits as bfloat16)."""
+    """Values read from a packed weight in its ``stored_dtype`` (uint16 bits as bfloat16; int8
+    columns with their scales as float32 q · scale)."""
+    if raw.dtype == jnp.int8:
+        return _dequantize(raw)
     if raw.dtype == jnp.uint16:
         return jax.lax.bitcast_convert_type(raw, jnp.bfloat16)
     return raw
@@ -137,7 +193,10 @@ def as_stored(raw: jax.Array) -> jax.Array:
 
 def widen(raw: jax.Array) -> jax.Array:
     """Values read from a packed weight as float32, exactly (bf16 bits shifted into the top
-    half of a float32: integer ops, which XLA applies to the gathered values only)."""
+    half of a float32: integer ops, which XLA applies to the gathered values only; int8: q ·
+    scale)."""
+    if raw.dtype == jnp.int8:
+        return _dequantize(raw)
     if raw.dtype == jnp.uint16:
         return jax.lax.bitcast_convert_type(raw.astype(jnp.uint32) << 16, jnp.float32)
     return raw.astype(jnp.float32)
@@ -165,9 +224,24 @@ def packed_columns(wp: jax.Array, ids) -> jax.Array:
     return wp[ids // group, :, ids % group]
 
 
+@functools.partial(jax.jit, static_argnames=("group",))
+def pack_raw_rows(raw: jax.Array, group: int) -> jax.Array:
+    """Columns read from a packed weight (``packed_columns``: [N, in], or [N, in + 4] int8 with
+    their scales) packed again as an [groups, in (+ 4), group] weight of those N columns, the
+    stored values unchanged (padding columns: zeros, never output)."""
+    n = raw.shape[0]
+    groups = -(-n // group)
+    raw = jnp.pad(raw, ((0, groups * group - n), (0, 0)))
+    return raw.reshape(groups, group, raw.shape[1]).transpose(0, 2, 1)
+
+
 def unpack(wp: jax.Array, d_out: int) -> jax.Array:
-    """Inverse of ``pack``, in the stored dtype (inside jit: a transpose)."""
+    """Inverse of ``pack``, in the stored dtype (inside jit: a transpose; int8: the float32
+    values q · scale)."""
     groups, d_in, group = wp.shape
+    if wp.dtype == jnp.int8:
+        q = wp[:, :-SCALE_ROWS].transpose(1, 0, 2).reshape(d_in - SCALE_ROWS, groups * group)
+        return (q.astype(jnp.float32) * scales(wp)[None])[:, :d_out]
     return as_stored(wp.transpose(1, 0, 2).reshape(d_in, groups * group)[:, :d_out])
 
 
@@ -175,9 +249,12 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call). x may also
     come as [rows, h, d] with h · d = in (heads not flattened first: see ``Linear.__call__``)."""
     bf16 = wp.dtype == jnp.uint16
-    (KERNEL_BF16 if bf16 else KERNEL).require()  # registers the FFI target on first use (cached)
+    kernel, target = {
+        jnp.dtype(jnp.uint16): (KERNEL_BF16, TARGET_BF16),
+        jnp.dtype(jnp.int8): (KERNEL_S8, TARGET_S8),
+    }.get(jnp.dtype(wp.dtype), (KERNEL, TARGET))
+    kernel.require()  # registers the FFI target on first use (cached)
     rows = x.shape[0]
-    target = TARGET_BF16 if bf16 else TARGET
     attrs = settings.current().attributes("linear")
     if not bf16:  # bfloat16 activations are for bfloat16 weights (KernelSettings)
         attrs["dot"] = np.int64(0)

@@ -158,27 +158,27 @@ class AttentionCore:
         return f"AttentionCore({self.impl!r})"
 
 
-def _block(kind: str, p: dict, impl: str) -> dict:
+def _block(kind: str, p: dict, impl: str, quant: str | None = None) -> dict:
     q = dict(p)
     names = FUSED.get(kind, ())
     if names and all(n in q for n in names):
         ws = [q.pop(n) for n in names]
         splits = tuple(int(w.shape[1]) for w in ws)
-        q[fused_name(names)] = Linear.of(jnp.concatenate(ws, axis=1), impl, splits)
+        q[fused_name(names)] = Linear.of(jnp.concatenate(ws, axis=1), impl, splits, quant)
     for n in SINGLE.get(kind, ()):
         if n in q:
-            q[n] = Linear.of(q[n], impl)
+            q[n] = Linear.of(q[n], impl, quant=quant)
     if kind == "moe" and "shared" in q:
-        q["shared"] = _block("mlp", q["shared"], impl)
+        q["shared"] = _block("mlp", q["shared"], impl, quant)
     return q
 
 
-def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str) -> dict:
+def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, quant=None) -> dict:
     q = dict(p)
     for kind in ("attn", "gdn"):
         if kind in q:
-            q[kind] = _block(kind, q[kind], impl)
-    q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl)
+            q[kind] = _block(kind, q[kind], impl, quant)
+    q["mlp"] = _block("moe" if mlp_type == "moe" else "mlp", q["mlp"], impl, quant)
     return q
 
 
@@ -207,27 +207,30 @@ def _is_converted(p) -> bool:
     return any(isinstance(x, Linear) for x in leaves)
 
 
-def convert_module(config: ModelConfig, key: tuple, p: dict, impl: str, consume: bool) -> dict:
+def convert_module(
+    config: ModelConfig, key: tuple, p: dict, impl: str, consume: bool, quant: str | None = None
+) -> dict:
     """One decoder layer (``key`` = ("layers", i)) or the MTP module (("mtp",)) of a canonical
     tree in the decoding layout, for the compute ``config`` (``compute_config``: a bf16 model
     decoded in float32 gets its vectors widened). ``consume``: delete the canonical leaves the
-    result does not share (the caller owns the only reference)."""
+    result does not share (the caller owns the only reference). ``quant="int8"``: its matrices
+    (the tied embedding's head included) stored as per-column int8 (``check_weights``)."""
     widen = _widen_vectors if config.dtype == "float32" else (lambda q: q)
     if key[0] == "layers":
-        out = _layer(config, config.mlp_types[key[1]], widen(p), impl)
+        out = _layer(config, config.mlp_types[key[1]], widen(p), impl, quant)
     elif key == ("mtp",):
         out = widen(dict(p))
-        out["fc"] = Linear.of(out["fc"], impl)
-        out["layer"] = _layer(config, config.mtp_mlp_type, out["layer"], impl)
+        out["fc"] = Linear.of(out["fc"], impl, quant=quant)
+        out["layer"] = _layer(config, config.mtp_mlp_type, out["layer"], impl, quant)
     elif key == ("embed",):  # tied: packed as the head, which then shares this array
         if config.tie_word_embeddings and impl == "ffi":
-            out = Embedding(Linear.of_rows(p, impl).w, True, config.dtype)
+            out = Embedding(Linear.of_rows(p, impl, quant).w, True, config.dtype)
         elif config.tie_word_embeddings:  # XLA's dot reads the table as the head, in place
             out = Embedding(p, False, config.dtype)
         else:
             out = Embedding.table(p, config.dtype)
     elif key == ("lm_head",):
-        out = Linear.of(p, impl)
+        out = Linear.of(p, impl, quant=quant)
     else:
         raise ValueError(
             f"convert_module converts a layer, the MTP module or the embedding, not {key}"
@@ -237,7 +240,9 @@ def convert_module(config: ModelConfig, key: tuple, p: dict, impl: str, consume:
     return out
 
 
-def _convert(config: ModelConfig, params: dict, impl: str, consume: bool) -> dict:
+def _convert(
+    config: ModelConfig, params: dict, impl: str, consume: bool, quant: str | None = None
+) -> dict:
     """The decoding tree (no attention markers), module by module (modules converted already,
     by a loader's ``convert_module`` calls, are kept). ``consume``: delete each canonical leaf
     the new tree does not share as soon as its module is converted, so the two copies are never
@@ -246,7 +251,7 @@ def _convert(config: ModelConfig, params: dict, impl: str, consume: bool) -> dic
 
     def module(key, p):
         done = isinstance(p, Embedding | Linear) or (isinstance(p, dict) and _is_converted(p))
-        return p if done else convert_module(config, key, p, impl, consume)
+        return p if done else convert_module(config, key, p, impl, consume, quant)
 
     rest = {k: v for k, v in params.items() if k not in ("layers", "embed", "lm_head", "mtp")}
     out = widen(rest)
@@ -376,8 +381,8 @@ class DecodingWeights:
     ``tree`` the decoding tree. It cannot train, be exported or be sharded: those take the
     canonical tree. ``nbytes``: the bytes the weights hold."""
 
-    def __init__(self, config: ModelConfig, tree: dict, linear: str):
-        self.config, self.tree, self.linear = config, tree, linear
+    def __init__(self, config: ModelConfig, tree: dict, linear: str, weights: str = "stored"):
+        self.config, self.tree, self.linear, self.weights = config, tree, linear, weights
 
     def __contains__(self, key) -> bool:
         return key in self.tree
@@ -393,7 +398,7 @@ class DecodingWeights:
     def __repr__(self):
         return (
             f"DecodingWeights({len(self.config.layer_types)} layers, H {self.config.hidden_size}, "
-            f"linear={self.linear!r}, {self.nbytes / 2**30:.2f} GiB)"
+            f"linear={self.linear!r}, weights={self.weights!r}, {self.nbytes / 2**30:.2f} GiB)"
         )
 
     def check_call(self, config: ModelConfig, linear: str, mesh) -> str:
@@ -418,24 +423,52 @@ class DecodingWeights:
         return self.linear
 
 
+WEIGHTS = ("stored", "int8")
+
+
+def check_weights(weights: str, linear: str) -> str | None:
+    """The matrices' storage for ``DecodingWeights``: "stored" (the params' own dtype, float32 or
+    bf16; exact) or "int8" (opt-in, lossy: symmetric per-output-column int8 with a float32 scale,
+    ``cpu_linear.quantize``; the C++ linear only). Returns the quantisation (None or "int8");
+    ValueError for an unknown value or int8 with another linear than "ffi"."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+    if weights == "int8" and linear != "ffi":
+        raise ValueError(
+            f"weights='int8' needs the C++ CPU linear (linear='ffi'); linear resolved to {linear!r}"
+        )
+    return "int8" if weights == "int8" else None
+
+
 def decoding_weights(
-    config: ModelConfig, params: dict, *, linear: str = "auto", consume: bool = False
+    config: ModelConfig,
+    params: dict,
+    *,
+    linear: str = "auto",
+    consume: bool = False,
+    weights: str = "stored",
 ) -> DecodingWeights:
     """The decoding layout of a canonical ``params`` (checked against ``config``) as a
     ``DecodingWeights``: fused projections, packed for the C++ linear when ``linear`` resolves
     to "ffi" (bf16 matrices stay bf16 there), the tied embedding stored once. Decoding it holds
     one copy of the weights once the canonical tree is dropped. ``consume=True`` deletes the
     canonical leaves module by module as they are converted (``params`` is unusable after; for
-    a tree nothing else references, such as a fresh load)."""
+    a tree nothing else references, such as a fresh load). ``weights="int8"``: every matrix
+    stored as per-column int8 (opt-in and lossy: ``check_weights``; about half a bf16 model's
+    bytes per decode step)."""
     from mtpspec.models.params import check_param_tree
 
+    impl = resolve_linear(linear)
+    quant = check_weights(weights, impl)
     check_param_tree(config, params, allow_missing_mtp=True)
     check_finite(params)
-    return finish_decoding_weights(config, params, resolve_linear(linear), consume)
+    return finish_decoding_weights(config, params, impl, consume, quant)
 
 
-def finish_decoding_weights(config: ModelConfig, params: dict, impl: str, consume: bool):
+def finish_decoding_weights(
+    config: ModelConfig, params: dict, impl: str, consume: bool, quant: str | None = None
+):
     """``DecodingWeights`` from a checked tree whose modules may already be converted
     (``convert_module``, called by a loader as each module completes); no checks."""
-    tree = _convert(compute_config(config, impl), params, impl, consume)
-    return DecodingWeights(config, tree, impl)
+    tree = _convert(compute_config(config, impl), params, impl, consume, quant)
+    return DecodingWeights(config, tree, impl, quant or "stored")

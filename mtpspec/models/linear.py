@@ -15,6 +15,18 @@ from mtpspec.kernels import cpu_linear
 HIGHEST = Precision.HIGHEST
 
 
+def _store(w, impl: str, quant: str | None):
+    """The packed dtype of a matrix: int8 where asked, else bf16 stays bf16 (widened exactly in
+    registers), anything else float32."""
+    if quant not in (None, "int8"):
+        raise ValueError(f"quant must be None or 'int8', got {quant!r}")
+    if quant == "int8":
+        if impl != "ffi":
+            raise ValueError("int8 weights need the C++ CPU linear (impl 'ffi')")
+        return jnp.int8
+    return jnp.bfloat16 if w.dtype == jnp.bfloat16 else jnp.float32
+
+
 @jax.tree_util.register_pytree_node_class
 class Linear:
     """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [groups, in, 128]
@@ -64,26 +76,37 @@ class Linear:
         return jnp.matmul(x, w, precision=HIGHEST, preferred_element_type=jnp.float32)
 
     @classmethod
-    def of(cls, w, impl: str, splits: tuple[int, ...] | None = None) -> Linear:
-        """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi")."""
+    def of(
+        cls, w, impl: str, splits: tuple[int, ...] | None = None, quant: str | None = None
+    ) -> Linear:
+        """The ``Linear`` of an [in, out] matrix for a resolved ``impl`` ("xla" | "ffi");
+        ``quant="int8"`` ("ffi" only): stored as per-column int8 with float32 scales."""
         w = jnp.asarray(w)
         d_in, d_out = w.shape
-        # bf16 weights stay bf16 in the packed kernel (widened exactly in registers)
-        store = jnp.bfloat16 if w.dtype == jnp.bfloat16 else jnp.float32
-        packed = cpu_linear.pack(w, store) if impl == "ffi" else w
+        packed = cpu_linear.pack(w, _store(w, impl, quant)) if impl == "ffi" else w
         return cls(packed, d_in, splits or (d_out,), impl)
 
     @classmethod
-    def of_rows(cls, w_t, impl: str) -> Linear:
+    def of_rows(cls, w_t, impl: str, quant: str | None = None) -> Linear:
         """The ``Linear`` of an [out, in] matrix (y = x @ w_tᵀ; a tied embedding as the LM head):
         packed for "ffi" (straight from the rows, no transposed copy first), read in place by
         XLA's dot for "xla"."""
         w_t = jnp.asarray(w_t)
         d_out, d_in = w_t.shape
         if impl == "ffi":
-            store = jnp.bfloat16 if w_t.dtype == jnp.bfloat16 else jnp.float32
-            return cls(cpu_linear.pack_rows(w_t, store), d_in, (d_out,), impl)
+            return cls(cpu_linear.pack_rows(w_t, _store(w_t, impl, quant)), d_in, (d_out,), impl)
         return cls(w_t, d_in, (d_out,), impl, transposed=True)
+
+    def subset(self, ids: jax.Array) -> Linear:
+        """The ``Linear`` of output columns ``ids`` [N] (a draft vocabulary's rows of the LM
+        head), stored as this one is: the same values, bit for bit (an int8 weight keeps its
+        columns' int8 values and scales)."""
+        ids = jnp.asarray(ids, jnp.int32)
+        if self.impl == "ffi":
+            group = self.w.shape[2]
+            raw = cpu_linear.packed_columns(self.w, ids)  # [N, in (+ scale rows)], as stored
+            return Linear(cpu_linear.pack_raw_rows(raw, group), self.d_in, (len(ids),), "ffi")
+        return Linear.of(self.columns(ids), self.impl)
 
     def columns(self, ids: jax.Array) -> jax.Array:
         """Output columns ``ids`` [N] of the weight as an [in, N] matrix in its stored dtype
@@ -142,6 +165,6 @@ class Embedding:
 
     def __getitem__(self, tokens) -> jax.Array:
         raw = self._raw(tokens)
-        if raw.dtype == jnp.uint16:
-            return cpu_linear.widen(raw).astype(self.dtype)  # exact either way
+        if raw.dtype in (jnp.uint16, jnp.int8):
+            return cpu_linear.widen(raw).astype(self.dtype)  # bf16: exact either way
         return raw.astype(self.dtype)

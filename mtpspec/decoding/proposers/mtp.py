@@ -47,6 +47,8 @@ def draft_head(head: inference.Linear, ids, linear: str) -> DraftHead:
     """The subset of a decoding tree's LM head ``head`` (its columns ``ids``, in the head's
     stored dtype) for a resolved linear implementation."""
     idx = jnp.asarray(ids, jnp.int32)
+    if head.impl == linear:
+        return DraftHead(idx, head.subset(idx))
     return DraftHead(idx, inference.Linear.of(head.columns(idx), linear))
 
 
