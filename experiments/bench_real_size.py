@@ -6,6 +6,9 @@
 
 Prints one JSON object (and writes it with ``--json_out``):
 
+  weights                                    the matrices' storage (--weights: "stored", or
+                                             "int8", opt-in and lossy: the reference's greedy
+                                             then departs from transformers')
   kernels                                    the C++ kernels' settings (KernelSettings; with
                                              --prefill_activations=bfloat16 the prompt's forward
                                              takes bf16 activations: prefill_tok_s and the
@@ -66,6 +69,13 @@ flags.DEFINE_bool(
     True,
     "Load straight into the decoding layout (DecodingWeights: one copy of the weights); "
     "--nofor_decoding loads the canonical tree (generate builds the decoding tree beside it).",
+)
+flags.DEFINE_enum(
+    "weights",
+    "stored",
+    ["stored", "int8"],
+    "The matrices' storage (for_decoding only): the checkpoint's own, or per-column int8 "
+    "(opt-in, lossy: experiments/int8_report.py measures what it changes).",
 )
 flags.DEFINE_integer("prompt_len", 512, "Prefill benchmark prompt length.")
 flags.DEFINE_integer("new_tokens", 48, "Tokens per decode run.")
@@ -173,13 +183,14 @@ def _main(peer_bin, kernels: dict):
 
     t0 = time.perf_counter()
     config, params = checkpoints.load(
-        FLAGS.checkpoint, dtype=FLAGS.dtype, for_decoding=FLAGS.for_decoding
+        FLAGS.checkpoint, dtype=FLAGS.dtype, for_decoding=FLAGS.for_decoding, weights=FLAGS.weights
     )
     jax.block_until_ready(params.tree if FLAGS.for_decoding else params)
     out = {
         "checkpoint": FLAGS.checkpoint,
         "dtype": config.dtype,
         "for_decoding": FLAGS.for_decoding,
+        "weights": FLAGS.weights,
         "kernels": kernels,
     }
     out["load_s"], out["rss_after_load_gib"] = time.perf_counter() - t0, rss_gib()

@@ -83,7 +83,8 @@ class Linear:
         ``quant="int8"`` ("ffi" only): stored as per-column int8 with float32 scales."""
         w = jnp.asarray(w)
         d_in, d_out = w.shape
-        packed = cpu_linear.pack(w, _store(w, impl, quant)) if impl == "ffi" else w
+        store = _store(w, impl, quant)
+        packed = cpu_linear.pack(w, store) if impl == "ffi" else w
         return cls(packed, d_in, splits or (d_out,), impl)
 
     @classmethod
@@ -93,8 +94,9 @@ class Linear:
         XLA's dot for "xla"."""
         w_t = jnp.asarray(w_t)
         d_out, d_in = w_t.shape
+        store = _store(w_t, impl, quant)
         if impl == "ffi":
-            return cls(cpu_linear.pack_rows(w_t, _store(w_t, impl, quant)), d_in, (d_out,), impl)
+            return cls(cpu_linear.pack_rows(w_t, store), d_in, (d_out,), impl)
         return cls(w_t, d_in, (d_out,), impl, transposed=True)
 
     def subset(self, ids: jax.Array) -> Linear:
