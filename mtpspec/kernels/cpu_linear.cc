@@ -635,13 +635,16 @@ inline void Scale(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t ro
   for (int64_t c0 = t0 * kTile; c0 < c1;) {
     const int64_t g = c0 / ldw, end = std::min(c1, (g + 1) * ldw);
     const int8_t* sb = w + g * kg * ldw + k * ldw - g * ldw;  // + c: column c's byte 0
+    float sc[kLd];
     for (int64_t c = c0; c < end; ++c) {
       uint32_t bits = 0;
       for (int b = 0; b < 4; ++b)
         bits |= uint32_t{static_cast<uint8_t>(sb[c + b * ldw])} << (8 * b);
-      float sc;
-      std::memcpy(&sc, &bits, sizeof(sc));
-      for (int64_t r = 0; r < rows; ++r) y[r * n + c] *= sc;
+      std::memcpy(&sc[c - c0], &bits, sizeof(float));
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // row by row: a prefill's y is row-major
+      float* yr = y + r * n;
+      for (int64_t c = c0; c < end; ++c) yr[c] *= sc[c - c0];
     }
     c0 = end;
   }
