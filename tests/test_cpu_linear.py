@@ -385,7 +385,7 @@ def test_bf16_weights_equal_the_float32_kernel_on_the_widened_weights(rows, d_in
         rounded = np.asarray(f(x, cpu_linear.pack(w32, jnp.bfloat16), d_out))
         exact = np.asarray(f(x, cpu_linear.pack(w32), d_out))
         assert d_in * d_out < 4 or not np.array_equal(rounded, exact)
-    with pytest.raises(ValueError, match="float32 or bfloat16"):
+    with pytest.raises(ValueError, match="float32, bfloat16 or int8"):
         cpu_linear.pack(w, jnp.float16)
 
 
