@@ -4,6 +4,7 @@ target.
     ok, why = status()                 # (False, reason) when it was not built or cannot run here
     wp = pack(w)                       # [in, out] -> [ceil(out / 128), in, 128] float32, once
     wp = pack(w, jnp.bfloat16)         # ... or bfloat16 (half the bytes streamed per call)
+    wp = pack(w, jnp.int8)             # ... or per-column int8 + float32 scales (opt-in, lossy)
     y = apply(x, wp, out)              # x [rows, in] float32 -> [rows, out] float32
 
 A bfloat16 weight is widened exactly in registers and accumulated in float32 in the same order,
@@ -13,6 +14,12 @@ A packed bf16 weight is held as uint16 (the bf16 bit patterns; ``stored_dtype`` 
 XLA:CPU computes bf16 gathers and bitcasts by widening their whole operand to float32 first, and
 hoists that out of the decode loop — a 1 GB temporary for a tied Qwen3.5 embedding gathered
 from its LM head (``packed_columns``, ``widen``).
+
+An int8 weight (``quantize``: symmetric per output column) is packed as [groups, in + 4, 128]:
+each column's float32 scale as 4 bytes down the column after its ``in`` rows. The kernel widens
+the int8 values exactly and runs the float32 chain, then multiplies each column by its scale: the
+float32 kernel's result on the int8 values, times the scales, bit for bit (bf16 activations do not
+apply to it).
 
 The packed layout keeps 128 output columns (8 tiles of 16; 64, 4 tiles, when packed under AVX2:
 ``group_width``) per row of a group, so a decode step reads each group as one contiguous
