@@ -144,6 +144,35 @@ def test_int8_keeps_the_shipped_models_predictions():
     assert out["top1_agreement"] >= 0.98 and out["kl"]["mean"] <= 1e-3, out
 
 
+@built
+def test_a_moe_keeps_its_experts_and_router_and_still_decodes_exactly():
+    """int8 covers the ``Linear`` matrices: a MoE's routed experts (XLA einsums) and its router
+    stay as stored; the shared expert and the projections go int8; spec == plain."""
+    config = C.tiny_moe(vocab_size=64, **C.TWO_LAYERS)
+    params = init_params(config, jax.random.key(5), norm_scale=0.1)
+    w8 = inference.decoding_weights(config, params, linear="ffi", weights="int8")
+    moe = w8["layers"][0]["mlp"]
+    assert moe["router"].w.dtype == jnp.float32 and moe["w_up"].dtype == jnp.float32
+    shared = [
+        x for x in jax.tree_util.tree_leaves(moe["shared"], is_leaf=lambda x: isinstance(x, Linear))
+    ]
+    assert shared and all(x.w.dtype == jnp.int8 for x in shared if isinstance(x, Linear))
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    plain = mtpspec.generate(config, w8, prompts, max_new_tokens=16).tokens
+    spec = mtpspec.SpecConfig(num_draft=2)
+    assert (
+        mtpspec.generate(config, w8, prompts, max_new_tokens=16, speculative=spec).tokens == plain
+    )
+
+
+@built
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int8])
+def test_no_inputs_give_zeros(dtype):
+    wp = cpu_linear.pack(np.zeros((0, 20), np.float32), dtype, 128)
+    y = jax.jit(cpu_linear.apply, static_argnums=2)(np.ones((3, 0), np.float32), wp, 20)
+    np.testing.assert_array_equal(np.asarray(y), np.zeros((3, 20), np.float32))
+
+
 def test_int8_needs_the_kernel_and_a_decoding_layout(tmp_path):
     config = C.tiny_hybrid(vocab_size=64)
     params = init_params(config, jax.random.key(0))
@@ -151,6 +180,8 @@ def test_int8_needs_the_kernel_and_a_decoding_layout(tmp_path):
         inference.decoding_weights(config, params, linear="xla", weights="int8")
     with pytest.raises(ValueError, match="weights must be one of"):
         inference.decoding_weights(config, params, weights="int4")
+    with pytest.raises(ValueError, match="weights must be one of"):  # the value first
+        checkpoints.load(tmp_path / "nothing", weights="int4")
     with pytest.raises(ValueError, match="pass for_decoding=True"):
         checkpoints.load(tmp_path / "nothing", weights="int8")
     with pytest.raises(ValueError, match="int8 weights need the C\\+\\+ CPU linear"):

@@ -47,11 +47,14 @@ def load(
     stored once), converted module by module while the canonical tree is freed, so only one copy
     is ever resident. They decode (``generate``, ``text.complete``, ...) but cannot train, be
     exported or sharded (no ``mesh``). ``weights="int8"`` (``for_decoding`` only; opt-in and
-    lossy) stores every matrix as per-column int8 (``inference.check_weights``)."""
+    lossy) stores the matrices as per-column int8 (which ones: ``inference.check_weights``)."""
     from mtpspec.config import check_dtype
 
     if for_decoding and mesh is not None:
         raise ValueError("for_decoding=True cannot take a mesh: DecodingWeights are not sharded")
+    from mtpspec.models import inference
+
+    inference.check_weights(weights, "ffi")  # an unknown value names itself first
     if weights != "stored" and not for_decoding:
         raise ValueError(f"weights={weights!r} is a decoding layout: pass for_decoding=True")
     if dtype is _OWN:
@@ -62,7 +65,6 @@ def load(
         if (path / "params").is_dir():
             return restore_params(path, mesh=mesh, dtype=dtype)
         return load_hf(path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, mesh=mesh)
-    from mtpspec.models import inference
 
     impl = inference.resolve_linear(linear)  # a bad or unavailable choice raises before any read
     quant = inference.check_weights(weights, impl)

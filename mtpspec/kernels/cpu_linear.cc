@@ -696,12 +696,12 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   const float* xp = x.typed_data();
   const W* wp = reinterpret_cast<const W*>(w.typed_data());
   float* yp = y->typed_data();
+  if (k == 0) {  // no inputs: every output is the empty sum (the blocks below never run)
+    std::fill(yp, yp + rows * n, 0.0f);
+    return ffi::Error::Success();
+  }
   if constexpr (sizeof(W) == 2) {
     if (dot == 1) {
-      if (k == 0) {  // no inputs: every output is the empty sum
-        std::fill(yp, yp + rows * n, 0.0f);
-        return ffi::Error::Success();
-      }
       const int64_t kp = k + (k & 1);
       // per call (a prompt's rows can be many; a thread_local would keep the largest forever)
       std::vector<uint16_t> xb(static_cast<size_t>(rows * kp));

@@ -101,6 +101,7 @@ def isa_code(isa: str | None = None) -> int:
 
 
 def packed_shape(d_in: int, d_out: int, group: int | None = None) -> tuple[int, int, int]:
+    """A float32 or bf16 packed weight's shape (an int8 one has ``SCALE_ROWS`` more rows)."""
     group = _check_group(group)
     return (-(-d_out // group), d_in, group)
 
@@ -143,7 +144,7 @@ def quantize(w, axis: int):
     (q, scale) with w ≈ q · scale, scale = max |w| / 127 over the column (1 for an all-zero
     column), q = round-half-even(w / scale) in [-127, 127]."""
     w = w.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True)
+    amax = jnp.max(jnp.abs(w), axis=axis, keepdims=True, initial=0.0)  # no inputs: 0
     scale = jnp.where(amax > 0, amax / 127.0, 1.0)
     q = jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
     return q, jnp.squeeze(scale, axis)

@@ -166,8 +166,8 @@ def _block(kind: str, p: dict, impl: str, quant: str | None = None) -> dict:
         splits = tuple(int(w.shape[1]) for w in ws)
         q[fused_name(names)] = Linear.of(jnp.concatenate(ws, axis=1), impl, splits, quant)
     for n in SINGLE.get(kind, ()):
-        if n in q:
-            q[n] = Linear.of(q[n], impl, quant=quant)
+        if n in q:  # a MoE router and shared-expert gate stay as stored (tiny; they pick experts)
+            q[n] = Linear.of(q[n], impl, quant=None if kind == "moe" else quant)
     if kind == "moe" and "shared" in q:
         q["shared"] = _block("mlp", q["shared"], impl, quant)
     return q
@@ -213,8 +213,8 @@ def convert_module(
     """One decoder layer (``key`` = ("layers", i)) or the MTP module (("mtp",)) of a canonical
     tree in the decoding layout, for the compute ``config`` (``compute_config``: a bf16 model
     decoded in float32 gets its vectors widened). ``consume``: delete the canonical leaves the
-    result does not share (the caller owns the only reference). ``quant="int8"``: its matrices
-    (the tied embedding's head included) stored as per-column int8 (``check_weights``)."""
+    result does not share (the caller owns the only reference). ``quant="int8"``: its ``Linear``
+    matrices (the tied embedding's head included) stored as per-column int8 (``check_weights``)."""
     widen = _widen_vectors if config.dtype == "float32" else (lambda q: q)
     if key[0] == "layers":
         out = _layer(config, config.mlp_types[key[1]], widen(p), impl, quant)
@@ -429,7 +429,10 @@ WEIGHTS = ("stored", "int8")
 def check_weights(weights: str, linear: str) -> str | None:
     """The matrices' storage for ``DecodingWeights``: "stored" (the params' own dtype, float32 or
     bf16; exact) or "int8" (opt-in, lossy: symmetric per-output-column int8 with a float32 scale,
-    ``cpu_linear.quantize``; the C++ linear only). Returns the quantisation (None or "int8");
+    ``cpu_linear.quantize``; the C++ linear only). int8 covers every ``Linear``: the attention,
+    GDN and dense-MLP projections, a shared expert, the MTP fc and the LM head (a tied embedding
+    with it); a MoE's routed experts (XLA einsums), its router and an untied embedding table stay
+    as stored. Returns the quantisation (None or "int8");
     ValueError for an unknown value or int8 with another linear than "ffi"."""
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
@@ -453,9 +456,9 @@ def decoding_weights(
     to "ffi" (bf16 matrices stay bf16 there), the tied embedding stored once. Decoding it holds
     one copy of the weights once the canonical tree is dropped. ``consume=True`` deletes the
     canonical leaves module by module as they are converted (``params`` is unusable after; for
-    a tree nothing else references, such as a fresh load). ``weights="int8"``: every matrix
-    stored as per-column int8 (opt-in and lossy: ``check_weights``; about half a bf16 model's
-    bytes per decode step)."""
+    a tree nothing else references, such as a fresh load). ``weights="int8"``: the ``Linear``
+    matrices stored as per-column int8 (opt-in and lossy: ``check_weights``; for a dense model
+    about half a bf16 model's bytes per decode step)."""
     from mtpspec.models.params import check_param_tree
 
     impl = resolve_linear(linear)

@@ -112,7 +112,7 @@ class Linear:
 
     def columns(self, ids: jax.Array) -> jax.Array:
         """Output columns ``ids`` [N] of the weight as an [in, N] matrix in its stored dtype
-        (a draft vocabulary's rows of the LM head)."""
+        (a draft vocabulary's rows of the LM head; int8: the float32 values q · scale)."""
         if self.impl == "ffi":
             return cpu_linear.as_stored(cpu_linear.packed_columns(self.w, ids)).T
         return jnp.take(self.w, ids, axis=0).T if self.transposed else jnp.take(self.w, ids, axis=1)
