@@ -4,7 +4,7 @@
     python -m experiments.int8_report --checkpoint=/tmp/q35 --num_draft=1,2,3
 
 Loads the checkpoint twice for decoding (``checkpoints.load(..., for_decoding=True)`` and with
-``weights="int8"``) and prints one JSON object:
+``weights="int8"``) and prints one JSON object (``mtpspec.analysis.quantization.weights_report``):
 
   bytes                 the two DecodingWeights' bytes and their ratio
   kl                    KL(stored ‖ int8) of the next-token distributions, nats per position
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 from absl import flags
 
 from experiments import cli
@@ -35,71 +34,16 @@ cli.define_json_out()
 flags.DEFINE_integer("new_tokens", 48, "Tokens per generate call for tau.")
 
 
-def report(path, num_draft=(1, 2, 3), new_tokens: int = 48) -> dict:
-    """The accuracy report for the checkpoint at ``path`` (see the module docstring)."""
-    import jax
-    import jax.numpy as jnp
-
-    import mtpspec
-    from mtpspec import checkpoints
-    from mtpspec.models import state
-    from mtpspec.models.decoder import window_step_impl
-    from mtpspec.models.inference import compute_config
-
-    config, stored = checkpoints.load(path, for_decoding=True)
-    _, int8 = checkpoints.load(path, for_decoding=True, weights="int8")
-    compute = compute_config(config, stored.linear)
-    prompts = cli.bench_prompts(config, 4)
-
-    @jax.jit
-    def log_probs(tree, ids):
-        b, n = ids.shape
-        s = state.init_decode_state(compute, b, n)
-        out = window_step_impl(compute, tree, s, ids, jnp.full((b,), n, jnp.int32), "chunk")
-        return jax.nn.log_softmax(out.logits, axis=-1)
-
-    n = min(len(p) for p in prompts)  # one batch (one compile per tree)
-    ids = jnp.asarray([p[:n] for p in prompts], jnp.int32)
-    a = np.asarray(log_probs(stored.tree, ids), np.float64).reshape(-1, config.vocab_size)
-    b = np.asarray(log_probs(int8.tree, ids), np.float64).reshape(-1, config.vocab_size)
-    kl = (np.exp(a) * (a - b)).sum(-1)
-    agree = a.argmax(-1) == b.argmax(-1)
-    short = [p[:64] for p in prompts]
-    tau = {}
-    if num_draft:
-        plain8 = mtpspec.generate(config, int8, short, max_new_tokens=new_tokens).tokens
-    for k in num_draft:
-        spec = mtpspec.SpecConfig(num_draft=k)
-        runs = {
-            name: mtpspec.generate(config, w, short, max_new_tokens=new_tokens, speculative=spec)
-            for name, w in (("stored", stored), ("int8", int8))
-        }
-        tau[str(k)] = {
-            "stored": runs["stored"].stats["tau"],
-            "int8": runs["int8"].stats["tau"],
-            "int8_spec_equals_plain": runs["int8"].tokens == plain8,
-        }
-    return {
-        "checkpoint": str(path),
-        "bytes": {
-            "stored": stored.nbytes,
-            "int8": int8.nbytes,
-            "ratio": int8.nbytes / stored.nbytes,
-        },
-        "positions": int(kl.size),
-        "kl": {
-            "mean": float(kl.mean()),
-            "median": float(np.median(kl)),
-            "p99": float(np.percentile(kl, 99)),
-        },
-        "top1_agreement": float(agree.mean()),
-        "tau": tau,
-    }
-
-
 def main(argv):
     del argv
-    out = report(FLAGS.checkpoint, cli.num_drafts(), FLAGS.new_tokens)
+    from mtpspec.analysis.quantization import weights_report
+
+    ks = cli.num_drafts()  # a bad --num_draft fails before any load
+
+    def prompts(config):  # the held-out demo prompts for the byte vocabulary, else random ones
+        return cli.bench_prompts(config, 4)
+
+    out = weights_report(FLAGS.checkpoint, prompts, ks, FLAGS.new_tokens)
     print(json.dumps(out, indent=1))
     cli.write_json(out)
 

@@ -5,6 +5,7 @@ the shipped model's predictions kept; the errors."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import jax
@@ -21,6 +22,7 @@ from mtpspec.kernels import settings as kernel_settings
 from mtpspec.kernels.settings import KernelSettings
 from mtpspec.models import inference, init_params
 from mtpspec.models.linear import Embedding, Linear
+from mtpspec.tokenizers import ByteTokenizer
 from tests.conftest import users_jit
 
 ASSETS = pathlib.Path(__file__).resolve().parent.parent / "mtpspec" / "assets"
@@ -133,13 +135,16 @@ def test_int8_weights_decode_speculatively_exactly_as_plain():
 
 @built
 def test_int8_keeps_the_shipped_models_predictions():
-    """``experiments.int8_report`` on the shipped model: on held-out text the int8 matrices
+    """``analysis.quantization.weights_report`` (``experiments.int8_report``'s numbers) on the
+    shipped model, over the four held-out demo prompts: on held-out text the int8 matrices
     predict the stored (float32) model's next byte at >= 98 % of positions, mean KL <= 1e-3
     nats (measured 0.998 and 5e-5: BUILD_NOTES 2026-12-07, twenty-eighth session), from about a
     quarter of the bytes (its acceptance: the tool's ``--num_draft``, not run here)."""
-    from experiments.int8_report import report
+    from mtpspec.analysis.quantization import weights_report
 
-    out = report(ASSETS / "default_model", num_draft=())
+    texts = json.loads((ASSETS / "demo_prompts.json").read_text())["prompts"]
+    prompts = [ByteTokenizer().encode(t["text"]) for t in texts]
+    out = weights_report(ASSETS / "default_model", prompts, num_draft=())
     assert out["bytes"]["ratio"] < 0.3 and out["positions"] > 100 and out["tau"] == {}
     assert out["top1_agreement"] >= 0.98 and out["kl"]["mean"] <= 1e-3, out
 

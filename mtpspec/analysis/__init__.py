@@ -18,6 +18,7 @@ model"):
               per_round_speedup (median, IQR); self_checks / quick_checks: why a run is no result
   model.py    ideal_speedup, expected_tau, fit_alpha
   hlo.py      loop_copies: the buffer copies XLA put in a decoding program's loop body
+  quantization.py  weights_report: what opt-in int8 weights change (KL, top-1, τ)
   plots.py    plot_sweep
   trees.py    tree_costs (tree window ÷ step beside chains), plot_nodes (τ, speed-up vs nodes)
   tree_plan.py  rank_acceptance (p_j(r) measured in the loop), tree_tau (τ of any tree shape),
