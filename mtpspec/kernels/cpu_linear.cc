@@ -726,44 +726,34 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   return ffi::Error::Success();
 }
 
+// The three targets' signature: x, the packed weight of element type T, y and the attributes.
+template <ffi::DataType T>
+auto LinearBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<T>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()  // from here the binding's type depends on T
+      .template Attr<int64_t>("threads")
+      .template Attr<int64_t>("prefetch")
+      .template Attr<int64_t>("isa")
+      .template Attr<int64_t>("dot");
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinear, (Linear<ffi::F32, float>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("prefetch")
-                                  .Attr<int64_t>("isa")
-                                  .Attr<int64_t>("dot"));
+                              LinearBinding<ffi::F32>());
 
 // The same over bfloat16 weights packed the same way ([groups, in, 128] bf16), held as uint16 bit
 // patterns (XLA:CPU widens a whole bf16 operand to f32 for a gather; see cpu_linear.py).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::U16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("prefetch")
-                                  .Attr<int64_t>("isa")
-                                  .Attr<int64_t>("dot"));
+                              LinearBinding<ffi::U16>());
 
 // The same over int8 weights with per-column float32 scales ([groups, in + 4, 128] int8: the
 // opt-in quantised storage, DecodingWeights' weights="int8").
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearS8, (Linear<ffi::S8, int8_t>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("threads")
-                                  .Attr<int64_t>("prefetch")
-                                  .Attr<int64_t>("isa")
-                                  .Attr<int64_t>("dot"));
+                              LinearBinding<ffi::S8>());
 
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();

@@ -128,6 +128,12 @@ def _pack(w, dtype, rows: bool, group: int):
     w = w.astype(dtype)
     if dtype == jnp.bfloat16:
         w = jax.lax.bitcast_convert_type(w, jnp.uint16)
+    return _grouped(w, rows, group)
+
+
+def _grouped(w, rows: bool, group: int):
+    """[in, out] (or ``rows``: [out, in]) -> [groups, in, group], the output columns zero-padded
+    to a multiple of ``group``; values as they are (any dtype)."""
     if rows:  # [out, in]
         d_out, d_in = w.shape
         groups = -(-d_out // group)
@@ -152,16 +158,8 @@ def quantize(w, axis: int):
 
 def _pack_int8(w, rows: bool, group: int):
     q, scale = quantize(w, 1 if rows else 0)
-    if rows:  # [out, in]
-        d_out, d_in = q.shape
-        groups = -(-d_out // group)
-        q = jnp.pad(q, ((0, groups * group - d_out), (0, 0)))
-        q = q.reshape(groups, group, d_in).transpose(0, 2, 1)
-    else:
-        d_in, d_out = q.shape
-        groups = -(-d_out // group)
-        q = jnp.pad(q, ((0, 0), (0, groups * group - d_out)))
-        q = q.reshape(d_in, groups, group).transpose(1, 0, 2)
+    q = _grouped(q, rows, group)
+    groups, d_out = q.shape[0], scale.shape[0]
     scale = jnp.pad(scale, (0, groups * group - d_out), constant_values=1.0)
     raw = jax.lax.bitcast_convert_type(scale, jnp.int8)  # [groups * group, 4], little-endian
     # row in + b of a group: byte b of each column's scale (a column carries its own scale)
@@ -237,20 +235,15 @@ def pack_raw_rows(raw: jax.Array, group: int) -> jax.Array:
     """Columns read from a packed weight (``packed_columns``: [N, in], or [N, in + 4] int8 with
     their scales) packed again as an [groups, in (+ 4), group] weight of those N columns, the
     stored values unchanged (padding columns: zeros, never output)."""
-    n = raw.shape[0]
-    groups = -(-n // group)
-    raw = jnp.pad(raw, ((0, groups * group - n), (0, 0)))
-    return raw.reshape(groups, group, raw.shape[1]).transpose(0, 2, 1)
+    return _grouped(raw, True, group)
 
 
 def unpack(wp: jax.Array, d_out: int) -> jax.Array:
     """Inverse of ``pack``, in the stored dtype (inside jit: a transpose; int8: the float32
     values q · scale)."""
-    groups, d_in, group = wp.shape
-    if wp.dtype == jnp.int8:
-        q = wp[:, :-SCALE_ROWS].transpose(1, 0, 2).reshape(d_in - SCALE_ROWS, groups * group)
-        return (q.astype(jnp.float32) * scales(wp)[None])[:, :d_out]
-    return as_stored(wp.transpose(1, 0, 2).reshape(d_in, groups * group)[:, :d_out])
+    groups, rows, group = wp.shape  # rows: the inputs (int8: and its scale rows)
+    columns = wp.transpose(0, 2, 1).reshape(groups * group, rows)[:d_out]  # as packed_columns
+    return as_stored(columns).T
 
 
 def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:

@@ -166,7 +166,4 @@ class Embedding:
         return cpu_linear.as_stored(self._raw(ids))
 
     def __getitem__(self, tokens) -> jax.Array:
-        raw = self._raw(tokens)
-        if raw.dtype in (jnp.uint16, jnp.int8):
-            return cpu_linear.widen(raw).astype(self.dtype)  # bf16: exact either way
-        return raw.astype(self.dtype)
+        return cpu_linear.widen(self._raw(tokens)).astype(self.dtype)  # bf16: exact either way
