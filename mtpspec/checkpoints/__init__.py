@@ -31,6 +31,7 @@ def load(
     for_decoding: bool = False,
     linear: str = "auto",
     weights: str = "stored",
+    greedy_head: str = "auto",
 ):
     """An mtpspec checkpoint (``save_params``: config.json + params/) or an HF directory
     (config.json + safetensors). ``dtype``: "float32" | "bfloat16" (``config.DTYPES``; a NumPy /
@@ -47,7 +48,10 @@ def load(
     stored once), converted module by module while the canonical tree is freed, so only one copy
     is ever resident. They decode (``generate``, ``text.complete``, ...) but cannot train, be
     exported or sharded (no ``mesh``). ``weights="int8"`` (``for_decoding`` only; opt-in and
-    lossy) stores the matrices as per-column int8 (which ones: ``inference.check_weights``)."""
+    lossy) stores the matrices as per-column int8 (which ones: ``inference.check_weights``).
+    ``greedy_head`` (``for_decoding`` only): whether the LM head gets an int8 screen that greedy
+    steps take their argmax through, the same ids (``inference.resolve_greedy_head``; "auto":
+    a vocabulary of 32,768 or more on the C++ linear)."""
     from mtpspec.config import check_dtype
 
     if for_decoding and mesh is not None:
@@ -57,6 +61,12 @@ def load(
     inference.check_weights(weights, "ffi")  # an unknown value names itself first
     if weights != "stored" and not for_decoding:
         raise ValueError(f"weights={weights!r} is a decoding layout: pass for_decoding=True")
+    if greedy_head != "screened":  # an unknown value is named before any read
+        inference.resolve_greedy_head(greedy_head, config=None, impl="xla")
+    if greedy_head != "auto" and not for_decoding:
+        raise ValueError(
+            f"greedy_head={greedy_head!r} is a decoding layout: pass for_decoding=True"
+        )
     if dtype is _OWN:
         dtype = None if for_decoding else "float32"
     dtype = None if dtype is None else check_dtype(dtype)
@@ -68,10 +78,12 @@ def load(
 
     impl = inference.resolve_linear(linear)  # a bad or unavailable choice raises before any read
     quant = inference.check_weights(weights, impl)
+    if greedy_head == "screened":  # one that cannot run raises before any read
+        inference.resolve_greedy_head(greedy_head, None, impl, quant)
     if (path / "params").is_dir():  # orbax restores the whole tree, converted after
         config, params = restore_params(path, dtype=dtype)
         return config, inference.decoding_weights(
-            config, params, linear=impl, consume=True, weights=weights
+            config, params, linear=impl, consume=True, weights=weights, greedy_head=greedy_head
         )
 
     def on_module(config, key, subtree):  # each layer converted as soon as it is read
@@ -83,7 +95,8 @@ def load(
         path, dtype=dtype, allow_missing_mtp=allow_missing_mtp, on_module=on_module
     )
     inference.check_finite({k: v for k, v in params.items() if k not in ("layers", "mtp")})
-    made = inference.finish_decoding_weights(config, params, impl, consume=True, quant=quant)
+    screened = inference.resolve_greedy_head(greedy_head, config, impl, quant) == "screened"
+    made = inference.finish_decoding_weights(config, params, impl, True, quant, screened)
     del params
     _return_freed_memory()
     return config, made

@@ -126,11 +126,22 @@ def prefill(
     b = prompts.shape[0]
     state = init_decode_state(s.config, b, s.capacity)
     with settings.prefill_scope():
+        ids_only = stages.argmax_only(s, params)
         out = window_step_impl(
-            s.config, params, state, prompts, lengths, s.backend.prefill, logits_at=lengths - 1
+            s.config,
+            params,
+            state,
+            prompts,
+            lengths,
+            s.backend.prefill,
+            logits_at=lengths - 1,
+            argmax_only=ids_only,
         )
-        last_logits = out.logits[:, 0]
-        first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
+        if ids_only:
+            last_logits, first = None, out.ids[:, 0]
+        else:
+            last_logits = out.logits[:, 0]
+            first = s.sampling.select(last_logits, draws.fold(FIRST_TOKEN).fold(0))
         state, pstate = out.state, None
         if s.proposer is not None:
             pre = Prefilled(prompts, lengths, first, out.hidden, state)
@@ -180,17 +191,19 @@ def step(s: ProgramKey, params, pparams, max_new, eos, c: Carry) -> Carry:
     state = c.state if proposal is None or proposal.state is None else proposal.state
     verified = stages.verify(s, params, state, c.pending, drafts, active, m)
     accept_draws = step_draws.fold(ACCEPT)
-    node, token = stages.accept(s, accept_draws, verified.logits, c.pending, drafts, q, m)
+    node, token = stages.accept(
+        s, accept_draws, verified.logits, c.pending, drafts, q, m, ids=verified.ids
+    )
     accepted = stages.depth(s, node)
     n = jnp.where(active, accepted + 1, 0)
     state = stages.commit(s, state, verified, node, n)
     # from here on, the accepted path's rows: a chain's shapes
     drafts = stages.path_drafts(s, node, c.pending, drafts)
-    logits = stages.along_path(s, node, verified.logits)
     hidden = stages.along_path(s, node, verified.hidden)
     em = stages.emit(s, c.out, c.count, c.stop, drafts, accepted, token, n, max_new, eos)
     logp = c.logp
     if s.logprobs:
+        logits = stages.along_path(s, node, verified.logits)
         logp = stages.write_rows(s, logp, _token_logp(logits, em.tokens), em.index)
     pstate = c.pstate
     if s.proposer is not None:

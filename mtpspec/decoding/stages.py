@@ -24,11 +24,18 @@ import jax.numpy as jnp
 from mtpspec.decoding import adaptive, window
 from mtpspec.decoding.commit import commit_window
 from mtpspec.decoding.sampling import tree_speculative_accept
-from mtpspec.models.decoder import StepOutput, window_step_impl
+from mtpspec.models.decoder import StepOutput, screened_head, window_step_impl
 from mtpspec.models.state import DecodeState
 
 RUNNING, STOP_EOS, STOP_LENGTH, STOP_CAPACITY = 0, 1, 2, 3
 STOP_NAMES = {STOP_EOS: "eos", STOP_LENGTH: "length", STOP_CAPACITY: "capacity"}
+
+
+def argmax_only(s, params) -> bool:
+    """Whether program ``s`` needs only each window row's argmax from the target's head: greedy,
+    no log-probabilities kept, and a screened head (``decoder.screened_head``), which gives the
+    argmax — the same ids — streaming about half a bf16 head's bytes."""
+    return s.sampling.greedy and not s.logprobs and screened_head(params)
 
 
 def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> StepOutput:
@@ -36,45 +43,65 @@ def verify(s, params, state: DecodeState, pending, drafts, active, m=None) -> St
     forward. A chain runs the causal window (its GDN form ``s.backend.verify``: the C++ kernel,
     chunked or recurrent); a tree runs every node over its own path (``models.tree``; keys at
     slots L + row, lengths as before). ``m`` [b] (adaptive chains): each row's drafts; the
-    window runs at 1 + max(m) rows (``adaptive.switch_window``), its outputs padded to k + 1."""
+    window runs at 1 + max(m) rows (``adaptive.switch_window``), its outputs padded to k + 1.
+    Where ``argmax_only`` holds, the output's ``ids`` replace its logits."""
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)  # [b, R]
     w = window.window(s)
     keep_states = s.commit == "states"
+    ids_only = argmax_only(s, params)
     if m is None:
         # a tree window's GDN runs the C++ kernel where a chain's would (or raises OSError)
         valid = jnp.where(active, tokens.shape[1], 0).astype(jnp.int32)
         return window_step_impl(
-            s.config, params, state, tokens, valid, s.backend.verify, keep_states, tree=w
+            s.config,
+            params,
+            state,
+            tokens,
+            valid,
+            s.backend.verify,
+            keep_states,
+            tree=w,
+            argmax_only=ids_only,
         )
     valid = jnp.where(active, m + 1, 0).astype(jnp.int32)
 
     def run_window(t, tokens, valid, state):
         out = window_step_impl(
-            s.config, params, state, tokens[:, :t], valid, s.backend.verify, keep_states
+            s.config,
+            params,
+            state,
+            tokens[:, :t],
+            valid,
+            s.backend.verify,
+            keep_states,
+            argmax_only=ids_only,
         )
         rows = s.k + 1
         return out._replace(
             logits=adaptive.pad_rows(out.logits, rows),
             hidden=adaptive.pad_rows(out.hidden, rows),
             commit=adaptive.pad_rows(out.commit, rows),
+            ids=adaptive.pad_rows(out.ids, rows),
         )
 
     return adaptive.switch_window(1 + jnp.max(m), run_window, s.k, tokens, valid, state)
 
 
-def accept(s, draws, logits, pending, drafts, q, m=None) -> tuple[jax.Array, jax.Array]:
+def accept(s, draws, logits, pending, drafts, q, m=None, ids=None) -> tuple[jax.Array, jax.Array]:
     """(node [b] the accepted window row, new token [b]) from the window's logits [b, R, V]:
-    greedy, the deepest row whose path matches the target's argmax (``window.accept_greedy``);
+    greedy, the deepest row whose path matches the target's argmax (``window.accept_greedy``;
+    ``ids`` [b, R]: those argmaxes, given instead of the logits where ``argmax_only``);
     sampling, lossless rejection sampling down the window (``sampling.tree_speculative_accept``)
     with the drafts' q [b, R − 1, V]. The accepted drafts are the node's depth (a chain's node is
     its count). ``m`` [b] (adaptive chains): a row drafted only its first m; it accepts at most
     those, and one that accepts all takes its bonus token at row m."""
     w = window.window(s)
     if w is None:  # plain decoding: the next token at the pending row
-        return jnp.zeros_like(pending), s.sampling.select(logits[:, 0], draws)
+        token = ids[:, 0] if ids is not None else s.sampling.select(logits[:, 0], draws)
+        return jnp.zeros_like(pending), token
     tokens = jnp.concatenate([pending[:, None], drafts], axis=1)
     if s.sampling.greedy:
-        return window.accept_greedy(w, logits, tokens, m)
+        return window.accept_greedy(w, logits, tokens, m, ids=ids)
     return tree_speculative_accept(draws.keys, logits, tokens, q, w, *draws.knobs, drafted=m)
 
 

@@ -38,12 +38,13 @@ def rows_seen(w: Window, drafted) -> jnp.ndarray | None:
     return jnp.asarray(w.row_depth)[None, :] <= drafted[:, None]
 
 
-def accept_greedy(w: Window, logits, tokens, drafted=None):
-    """logits [b, R, V], tokens [b, R] (row 0 the root). ``drafted`` [b] (None: every row): a
-    sequence drafted only the rows of depth <= drafted (an adaptive chain's shorter window).
-    Returns (node [b] the deepest accepted row, the new token [b] = the target's argmax there);
-    the accepted drafts are ``w.row_depth[node]``."""
-    target = ops.argmax(logits)  # [b, R]
+def accept_greedy(w: Window, logits, tokens, drafted=None, ids=None):
+    """logits [b, R, V] (or ``ids`` [b, R], their argmax, with logits None), tokens [b, R]
+    (row 0 the root). ``drafted`` [b] (None: every row): a sequence drafted only the rows of
+    depth <= drafted (an adaptive chain's shorter window). Returns (node [b] the deepest
+    accepted row, the new token [b] = the target's argmax there); the accepted drafts are
+    ``w.row_depth[node]``."""
+    target = ops.argmax(logits) if ids is None else ids  # [b, R]
     parent = jnp.asarray(w.parent)
     ok = tokens == target[:, jnp.maximum(parent, 0)]  # [b, R] (row 0's value is unused)
     ok = ok.at[:, 0].set(True)

@@ -26,6 +26,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -627,6 +628,19 @@ constexpr int64_t kMinShared = 32 * 1024;
 template <typename W>
 constexpr int64_t kScaleRows = sizeof(W) == 1 ? 4 : 0;
 
+// Columns [c0, c1) (within one group) of an int8 weight's scales into sc[0 .. c1 - c0).
+inline void ColumnScales(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t c0,
+                         int64_t c1, float* sc) {
+  const int64_t ldw = (int64_t{1} << lg) * kTile;
+  const int64_t g = c0 / ldw;
+  const int8_t* sb = w + g * kg * ldw + k * ldw - g * ldw;  // + c: column c's byte 0
+  for (int64_t c = c0; c < c1; ++c) {
+    uint32_t bits = 0;
+    for (int b = 0; b < 4; ++b) bits |= uint32_t{static_cast<uint8_t>(sb[c + b * ldw])} << (8 * b);
+    std::memcpy(&sc[c - c0], &bits, sizeof(float));
+  }
+}
+
 // Columns [16 t0, 16 t1) of every row times their int8 scales.
 inline void Scale(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t rows, int64_t n,
                   float* y, int64_t t0, int64_t t1) {
@@ -634,14 +648,8 @@ inline void Scale(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t ro
   const int64_t c1 = std::min(n, t1 * kTile);
   for (int64_t c0 = t0 * kTile; c0 < c1;) {
     const int64_t g = c0 / ldw, end = std::min(c1, (g + 1) * ldw);
-    const int8_t* sb = w + g * kg * ldw + k * ldw - g * ldw;  // + c: column c's byte 0
     float sc[kLd];
-    for (int64_t c = c0; c < end; ++c) {
-      uint32_t bits = 0;
-      for (int b = 0; b < 4; ++b)
-        bits |= uint32_t{static_cast<uint8_t>(sb[c + b * ldw])} << (8 * b);
-      std::memcpy(&sc[c - c0], &bits, sizeof(float));
-    }
+    ColumnScales(w, kg, k, lg, c0, end, sc);
     for (int64_t r = 0; r < rows; ++r) {  // row by row: a prefill's y is row-major
       float* yr = y + r * n;
       for (int64_t c = c0; c < end; ++c) yr[c] *= sc[c - c0];
@@ -726,6 +734,173 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
   return ffi::Error::Success();
 }
 
+// ---- Greedy argmax through an int8 screen (a large vocabulary's LM head) -----------------------
+//
+// ids[r] = argmax_j (x W)[r, j] exactly as `Linear` above computes every column of W (float32 or
+// bf16) and jnp.argmax picks (the first of the largest), while streaming W's per-column int8 copy
+// (`screen`, [groups, in + 4, ld], quantised from W's values: cpu_linear.quantize) and then only
+// the packed groups of W that can hold the maximum: about half the head's bytes for bf16, a
+// quarter for float32.
+//
+// The bound. For a row x (l1 = sum |x_i|) and a column j, e_j is Linear's value (one FMA chain over
+// w_ij) and a_j = s_j t_j the screen's (one FMA chain over the int8 values q_ij, then one multiply
+// by the column's scale s_j). With u = 2^-24 and g = k u / (1 - k u) (a k-term chain's rounding,
+// relative to the sum of its absolute terms):
+//   |e_j - sum x_i w_ij|        <= g l1 max_i |w_ij| <= g l1 128 s_j   (s_j = fl(max |w_ij| / 127))
+//   |sum x_i (w_ij - s_j q_ij)| <= l1 s_j (1/2 + 256 u)               (q = round(fl(w / s_j)))
+//   |a_j - s_j sum x_i q_ij|    <= s_j (g 127 l1 + u |t_j|) <= s_j l1 (127 g + 128 u)
+// so |e_j - a_j| <= b_j = s_j l1 kappa, kappa = 1/2 + 384 u + 255 g, plus (k + 1) 2^-110 (1 + s_j)
+// for inputs, products and sums flushed to zero (DAZ/FTZ). b_j is taken 2^-10 larger (relative)
+// so that computing it and a_j +- b_j in float32 (|a_j| <= 257 b_j) stays on the safe side. Every
+// column at the row's maximum has a_j + b_j >= e_j >= max_l e_l >= L = max_l (a_l - b_l), and a
+// column with a_j + b_j < L is below the maximum: the argmax is in the groups holding a column
+// with a_j + b_j >= L. Those groups are computed exactly (Linear's chains on that group alone: a
+// column's value does not depend on which columns share the call) and the first largest value
+// among them is the answer. A row with a non-finite l1 or a_j (an overflow, a NaN input) is
+// computed whole, as Linear would, and gets jnp.argmax's answer (the first NaN if any).
+//
+// Outputs: ids [rows] int32, top [rows] float32 (the maximum, e_ids), exact [rows] int32 (the
+// columns computed exactly: what the screen did not save).
+template <ffi::DataType T, typename W>
+ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
+                      ffi::Buffer<ffi::S8> screen, ffi::ResultBuffer<ffi::S32> ids,
+                      ffi::ResultBuffer<ffi::F32> top, ffi::ResultBuffer<ffi::S32> exact,
+                      int64_t threads, int64_t pf, int64_t isa, int64_t n) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto sd = screen.dimensions();
+  if (xd.size() != 2 || wd.size() != 3 || sd.size() != 3 || ids->dimensions().size() != 1) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_head_argmax: expected x [rows, in], w [groups, in, 64 or 128], screen "
+        "[groups, in + 4, 64 or 128], ids [rows]");
+  }
+  const int64_t rows = xd[0], k = xd[1], groups = wd[0], ldw = wd[2];
+  const int64_t lg = ldw == kLd ? 3 : 2, kg = k + 4;
+  if ((ldw != kLd && ldw != kLd / 2) || wd[1] != k || sd[0] != groups || sd[1] != kg ||
+      sd[2] != ldw || n < 1 || groups != (n + ldw - 1) / ldw || ids->dimensions()[0] != rows ||
+      top->dimensions()[0] != rows || exact->dimensions()[0] != rows) {
+    return ffi::Error::InvalidArgument("mtpspec_cpu_head_argmax: shapes do not match");
+  }
+  if (const char* bad = mtpspec::BadIsa(isa)) {
+    return ffi::Error::InvalidArgument(std::string("mtpspec_cpu_head_argmax: ") + bad);
+  }
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const float* xp = x.typed_data();
+  const W* wp = reinterpret_cast<const W*>(w.typed_data());
+  const int8_t* sp = screen.typed_data();
+  int32_t* idp = ids->typed_data();
+  float* topp = top->typed_data();
+  int32_t* exp = exact->typed_data();
+  if (rows == 0) return ffi::Error::Success();
+  if (k == 0) {  // every column is the empty sum: the first is the argmax
+    for (int64_t r = 0; r < rows; ++r) idp[r] = 0, topp[r] = 0.0f, exp[r] = 0;
+    return ffi::Error::Success();
+  }
+  const double u = std::ldexp(1.0, -24), gk = k * u / (1 - k * u);
+  const float kappa = static_cast<float>((0.5 + 384 * u + 255 * gk) * (1 + std::ldexp(1.0, -10)));
+  const float tiny = static_cast<float>((k + 1) * std::ldexp(1.0, -110));
+  std::vector<float> l1(rows);
+  std::vector<char> whole(rows, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i) sum += std::fabs(static_cast<double>(xp[r * k + i]));
+    const float up = static_cast<float>(sum * (1 + std::ldexp(1.0, -30)));
+    l1[r] = up;
+    whole[r] = !std::isfinite(up);
+  }
+  // The screen: a_j for every column, and per (row, group) the largest a_j - b_j and a_j + b_j.
+  thread_local std::vector<float> approx, exact_y;
+  approx.resize(static_cast<size_t>(rows * n));
+  exact_y.resize(static_cast<size_t>(rows * n));
+  float* ap = approx.data();
+  float* ep = exact_y.data();
+  std::vector<float> lo(rows * groups), hi(rows * groups);
+  std::vector<char> bad(rows * groups, 0);
+  const Isa& s8 = kIsas<int8_t>[isa];
+  const Isa& f32 = kIsas<float>[isa];
+  const Isa& wset = kIsas<W>[isa];
+  mtpspec::ParallelFor(pool, threads, groups, groups >= 2 && rows * k * n >= kMinShared,
+                       [&](int64_t u0, int64_t u1) {
+                         const int64_t t0 = u0 << lg, t1 = std::min(tiles, u1 << lg);
+                         Tiles(s8, f32, xp, rows, k, sp, kg, lg, n, ap, t0, t1, pf);
+                         Scale(sp, kg, k, lg, rows, n, ap, t0, t1);
+                         float sc[kLd];
+                         for (int64_t g = u0; g < u1; ++g) {
+                           const int64_t c0 = g * ldw, c1 = std::min(n, c0 + ldw);
+                           ColumnScales(sp, kg, k, lg, c0, c1, sc);
+                           for (int64_t r = 0; r < rows; ++r) {
+                             float l = -INFINITY, h = -INFINITY;
+                             bool nonfinite = false;
+                             for (int64_t c = c0; c < c1; ++c) {
+                               const float a = ap[r * n + c];
+                               const float b = kappa * sc[c - c0] * l1[r] + tiny * (1 + sc[c - c0]);
+                               nonfinite |= !std::isfinite(a);
+                               l = std::max(l, a - b);
+                               h = std::max(h, a + b);
+                             }
+                             lo[r * groups + g] = l;
+                             hi[r * groups + g] = h;
+                             bad[r * groups + g] = nonfinite;
+                           }
+                         }
+                       });
+  // The candidate groups of every row (all of a row's groups when it is computed whole).
+  std::vector<int64_t> units;  // r * groups + g
+  for (int64_t r = 0; r < rows; ++r) {
+    float bound = -INFINITY;
+    for (int64_t g = 0; g < groups; ++g) {
+      whole[r] |= bad[r * groups + g];
+      bound = std::max(bound, lo[r * groups + g]);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      if (whole[r] || hi[r * groups + g] >= bound) units.push_back(r * groups + g);
+    }
+  }
+  const int64_t nu = static_cast<int64_t>(units.size());
+  mtpspec::ParallelFor(pool, threads, nu, nu >= 2 && nu * k * ldw >= kMinShared,
+                       [&](int64_t u0, int64_t u1) {
+                         for (int64_t q = u0; q < u1; ++q) {
+                           const int64_t r = units[q] / groups, g = units[q] % groups;
+                           const int64_t t0 = g << lg, t1 = std::min(tiles, (g + 1) << lg);
+                           Tiles(wset, f32, xp + r * k, 1, k, wp, k, lg, n, ep + r * n, t0, t1,
+                                 pf);
+                         }
+                       });
+  // The first largest value (a NaN wins at once, as in jnp.argmax), over the groups in order.
+  for (int64_t r = 0; r < rows; ++r) idp[r] = -1, topp[r] = -INFINITY, exp[r] = 0;
+  for (int64_t q = 0; q < nu; ++q) {
+    const int64_t r = units[q] / groups, g = units[q] % groups;
+    const int64_t c0 = g * ldw, c1 = std::min(n, c0 + ldw);
+    exp[r] += static_cast<int32_t>(c1 - c0);
+    if (idp[r] >= 0 && std::isnan(topp[r])) continue;
+    for (int64_t c = c0; c < c1; ++c) {
+      const float e = ep[r * n + c];
+      if (idp[r] < 0 || std::isnan(e) || e > topp[r]) {
+        idp[r] = static_cast<int32_t>(c);
+        topp[r] = e;
+        if (std::isnan(e)) break;
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType T>
+auto HeadArgmaxBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<T>>()
+      .template Arg<ffi::Buffer<ffi::S8>>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Ret<ffi::Buffer<ffi::F32>>()
+      .template Ret<ffi::Buffer<ffi::S32>>()
+      .template Attr<int64_t>("threads")
+      .template Attr<int64_t>("prefetch")
+      .template Attr<int64_t>("isa")
+      .template Attr<int64_t>("n");
+}
+
 // The three targets' signature: x, the packed weight of element type T, y and the attributes.
 template <ffi::DataType T>
 auto LinearBinding() {
@@ -755,6 +930,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearBf16, (Linear<ffi::U16, uint16_t>)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuLinearS8, (Linear<ffi::S8, int8_t>),
                               LinearBinding<ffi::S8>());
 
+// Greedy argmax over a float32 or bf16 LM head through its int8 screen (HeadArgmax, above).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuHeadArgmax, (HeadArgmax<ffi::F32, float>),
+                              HeadArgmaxBinding<ffi::F32>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuHeadArgmaxBf16, (HeadArgmax<ffi::U16, uint16_t>),
+                              HeadArgmaxBinding<ffi::U16>());
+
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -763,4 +944,4 @@ extern "C" int mtpspec_cpu_linear_supported() {
 // The interface version of the whole library (its FFI targets' arguments and attributes):
 // library.py refuses a library built from other sources (a stale build after the sources
 // changed) instead of failing at the first call. Bump with any target's signature.
-extern "C" int mtpspec_cpu_kernels_abi() { return 10; }
+extern "C" int mtpspec_cpu_kernels_abi() { return 11; }

@@ -50,6 +50,8 @@ from mtpspec.kernels import library, settings
 TARGET = "mtpspec_cpu_linear"
 TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 TARGET_S8 = "mtpspec_cpu_linear_s8"
+TARGET_ARGMAX = "mtpspec_cpu_head_argmax"
+TARGET_ARGMAX_BF16 = "mtpspec_cpu_head_argmax_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 # int8 storage: each group's per-column float32 scales follow its input rows, as bytes (4 rows).
 SCALE_ROWS = 4
@@ -77,6 +79,15 @@ KERNEL_BF16 = library.Target(
 )
 KERNEL_S8 = library.Target(
     TARGET_S8, "MtpspecCpuLinearS8", "int8 weights (weights='int8') need the C++ CPU linear kernel"
+)
+
+KERNEL_ARGMAX = library.Target(
+    TARGET_ARGMAX, "MtpspecCpuHeadArgmax", "a screened greedy head needs the C++ CPU linear kernel"
+)
+KERNEL_ARGMAX_BF16 = library.Target(
+    TARGET_ARGMAX_BF16,
+    "MtpspecCpuHeadArgmaxBf16",
+    "a screened greedy head needs the C++ CPU linear kernel",
 )
 
 
@@ -261,4 +272,50 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
         attrs["dot"] = np.int64(0)
     return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, d_out), jnp.float32))(
         x.astype(jnp.float32), wp, **attrs
+    )
+
+
+@jax.jit
+def screen(wp: jax.Array) -> jax.Array:
+    """The int8 screen of a float32 or bf16 packed weight: its values quantised per column
+    (``quantize``) in the int8 packed layout, [groups, in + 4, group] — what ``pack(w, jnp.int8)``
+    gives for the same matrix, made from the packed weight in one fused pass (no float32 copy of
+    a 248k-column head)."""
+    if wp.dtype not in (jnp.float32, jnp.uint16):
+        raise ValueError(f"a screen is made from a float32 or bf16 packed weight, not {wp.dtype}")
+    groups, _, group = wp.shape
+    q, scale = quantize(widen(wp), axis=1)  # [groups, in, group], [groups, group]
+    raw = jax.lax.bitcast_convert_type(scale, jnp.int8).transpose(0, 2, 1)  # [groups, 4, group]
+    return jnp.concatenate([q, raw], axis=1)
+
+
+def head_argmax(x: jax.Array, wp: jax.Array, sp: jax.Array, d_out: int):
+    """Greedy argmax of x [rows, in] @ the packed float32 / bf16 weight ``wp`` over its ``d_out``
+    columns, through its int8 screen ``sp`` (``screen(wp)``): (ids [rows] int32, top [rows]
+    float32, exact [rows] int32) — ``ops.argmax(apply(x, wp, d_out))`` and its value, bit for
+    bit, streaming the screen and then only the packed groups the screen's error bound cannot
+    rule out (``exact``: the columns computed from ``wp``; cpu_linear.cc has the bound)."""
+    if wp.dtype not in (jnp.float32, jnp.uint16) or sp.dtype != jnp.int8:
+        raise ValueError(
+            f"head_argmax takes a float32 or bf16 packed weight and its int8 screen, got "
+            f"{wp.dtype} and {sp.dtype}"
+        )
+    if sp.shape != (wp.shape[0], wp.shape[1] + SCALE_ROWS, wp.shape[2]):
+        raise ValueError(f"a screen of shape {sp.shape} does not belong to a weight {wp.shape}")
+    kernel, target = (
+        (KERNEL_ARGMAX_BF16, TARGET_ARGMAX_BF16)
+        if wp.dtype == jnp.uint16
+        else (KERNEL_ARGMAX, TARGET_ARGMAX)
+    )
+    kernel.require()
+    rows = x.shape[0]
+    attrs = settings.current().attributes("linear")
+    del attrs["dot"]
+    out = (
+        jax.ShapeDtypeStruct((rows,), jnp.int32),
+        jax.ShapeDtypeStruct((rows,), jnp.float32),
+        jax.ShapeDtypeStruct((rows,), jnp.int32),
+    )
+    return jax.ffi.ffi_call(target, out)(
+        x.reshape(rows, -1).astype(jnp.float32), wp, sp, n=np.int64(d_out), **attrs
     )

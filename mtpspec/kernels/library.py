@@ -20,7 +20,7 @@ _HERE = pathlib.Path(__file__).parent
 PATTERN = "_cpu_kernels*.so"
 # The interface version these Python wrappers expect (``mtpspec_cpu_kernels_abi()`` in
 # cpu_linear.cc; bumped whenever a target's arguments or attributes change).
-ABI = 10
+ABI = 11
 
 
 @functools.cache

@@ -28,10 +28,11 @@ from mtpspec.models.tree import check_tree, tree_layer
 
 
 class StepOutput(NamedTuple):
-    logits: jax.Array  # [b, t, V] float32
+    logits: jax.Array | None  # [b, t, V] float32 (None when only the argmax was asked for)
     hidden: jax.Array  # [b, t, H]: final-normed hidden (what lm_head sees and the MTP head takes)
     state: DecodeState
     commit: tuple  # per layer: GDNCommit or AttentionCommit of this window (models/state.py)
+    ids: jax.Array | None = None  # [b, t] int32 each row's argmax (``argmax_only``), else None
 
 
 def check_tokens(config: ModelConfig, tokens, *, rank: int = 2, name: str = "tokens") -> None:
@@ -58,6 +59,18 @@ def lm_logits(config: ModelConfig, params: dict, hidden: jax.Array) -> jax.Array
     if config.tie_word_embeddings and not isinstance(w, Linear):
         w = params["embed"].T
     return layers.linear(hidden, w)
+
+
+def screened_head(params) -> bool:
+    """Whether a decoding tree's LM head has an int8 screen (``Linear.with_screen``): greedy rows
+    can then take their argmax without the full logits (``lm_argmax``)."""
+    return getattr(params.get("lm_head"), "screen", None) is not None
+
+
+def lm_argmax(params: dict, hidden: jax.Array) -> jax.Array:
+    """ids [...] int32 = ``ops.argmax(lm_logits(config, params, hidden))``, bit for bit, through
+    the head's screen (``Linear.argmax``; ``screened_head`` must hold)."""
+    return params["lm_head"].argmax(hidden)
 
 
 def _run_layers(config, params, x, start, valid, caches, gdn_method, gdn_states=False, tree=None):
@@ -109,7 +122,16 @@ def forward_hidden(config: ModelConfig, params: dict, tokens, *, gdn_method: str
 
 
 def window_step_impl(
-    config, params, state, tokens, valid, gdn_method, gdn_states=False, logits_at=None, tree=None
+    config,
+    params,
+    state,
+    tokens,
+    valid,
+    gdn_method,
+    gdn_states=False,
+    logits_at=None,
+    tree=None,
+    argmax_only=False,
 ):
     """Unjitted body of ``window_step`` (for use inside other jitted code). ``logits_at`` [b]
     (a row per sequence): the LM head runs on that row only and ``logits`` is [b, 1, V] (a
@@ -117,7 +139,9 @@ def window_step_impl(
     custom-call head cannot be sliced by XLA after the fact). ``tree``: a ``TreeShape`` whose
     rows the window holds (``models.tree``: row r at position L + depth, keys written at slots
     L + row, every GDN state per node in the commit data, the lengths as before; ``valid`` > 0
-    marks the active sequences); None, or a chain (the tree of ones): the causal window."""
+    marks the active sequences); None, or a chain (the tree of ones): the causal window.
+    ``argmax_only`` (a screened head, ``screened_head``): ``ids`` holds each row's argmax and
+    ``logits`` is None (a greedy program keeping no log-probabilities needs nothing else)."""
     if tree is not None and tree.is_chain:
         tree = None
     x = params["embed"][tokens]
@@ -130,6 +154,8 @@ def window_step_impl(
     rows = hidden
     if logits_at is not None:
         rows = jnp.take_along_axis(hidden, logits_at[:, None, None], axis=1)
+    if argmax_only:
+        return StepOutput(None, hidden, new_state, commits, lm_argmax(params, rows))
     return StepOutput(lm_logits(config, params, rows), hidden, new_state, commits)
 
 

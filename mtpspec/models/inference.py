@@ -39,9 +39,9 @@ import jax.numpy as jnp
 
 from mtpspec.config import ModelConfig
 from mtpspec.kernels import cpu_attention, cpu_linear, library
-from mtpspec.models.linear import Embedding, Linear
+from mtpspec.models.linear import Embedding, Linear, resolve_greedy_head
 
-__all__ = ["Embedding", "Linear"]  # re-exported: the decoding tree's leaves
+__all__ = ["Embedding", "Linear", "resolve_greedy_head"]  # re-exported: the decoding tree's
 
 log = logging.getLogger(__name__)
 LINEAR_IMPLS = ("auto", "xla", "ffi")
@@ -182,16 +182,19 @@ def _layer(config: ModelConfig, mlp_type: str, p: dict, impl: str, quant=None) -
     return q
 
 
-def inference_params(config: ModelConfig, params: dict, impl: str, attention: str = "xla") -> dict:
+def inference_params(config, params: dict, impl: str, attention="xla", greedy_head="auto") -> dict:
     """The decoding tree for a canonical ``params`` (checked against ``config`` by the caller):
     fused projections as ``Linear`` leaves, packed when ``impl == "ffi"``; every attention block
-    marked with its resolved ``attention`` implementation (``AttentionCore``)."""
+    marked with its resolved ``attention`` implementation (``AttentionCore``); the LM head
+    screened as ``greedy_head`` resolves (``resolve_greedy_head``)."""
     if impl not in ("xla", "ffi") or attention not in ("xla", "ffi"):
         raise ValueError(
             f"inference_params needs resolved implementations, got {impl!r}, {attention!r}"
         )
+    screened = resolve_greedy_head(greedy_head, config, impl) == "screened"
     check_finite(params)
-    return mark_attention(_convert(config, params, impl, consume=False), attention)
+    tree = _convert(config, params, impl, consume=False, screened=screened)
+    return mark_attention(tree, attention)
 
 
 def _delete_unshared(canonical, made) -> None:
@@ -241,7 +244,12 @@ def convert_module(
 
 
 def _convert(
-    config: ModelConfig, params: dict, impl: str, consume: bool, quant: str | None = None
+    config: ModelConfig,
+    params: dict,
+    impl: str,
+    consume: bool,
+    quant: str | None = None,
+    screened: bool = False,
 ) -> dict:
     """The decoding tree (no attention markers), module by module (modules converted already,
     by a loader's ``convert_module`` calls, are kept). ``consume``: delete each canonical leaf
@@ -266,6 +274,8 @@ def _convert(
         out["lm_head"] = Linear(emb.w, h, (v,), impl, transposed=not emb.packed)
     else:
         out["lm_head"] = module(("lm_head",), params["lm_head"])
+    if screened:
+        out["lm_head"] = out["lm_head"].with_screen()
     return out
 
 
@@ -383,6 +393,8 @@ class DecodingWeights:
 
     def __init__(self, config: ModelConfig, tree: dict, linear: str, weights: str = "stored"):
         self.config, self.tree, self.linear, self.weights = config, tree, linear, weights
+        screen = getattr(tree.get("lm_head"), "screen", None)
+        self.greedy_head = "full" if screen is None else "screened"  # resolve_greedy_head's
 
     def __contains__(self, key) -> bool:
         return key in self.tree
@@ -398,7 +410,8 @@ class DecodingWeights:
     def __repr__(self):
         return (
             f"DecodingWeights({len(self.config.layer_types)} layers, H {self.config.hidden_size}, "
-            f"linear={self.linear!r}, weights={self.weights!r}, {self.nbytes / 2**30:.2f} GiB)"
+            f"linear={self.linear!r}, weights={self.weights!r}, greedy_head="
+            f"{self.greedy_head!r}, {self.nbytes / 2**30:.2f} GiB)"
         )
 
     def check_call(self, config: ModelConfig, linear: str, mesh) -> str:
@@ -450,6 +463,7 @@ def decoding_weights(
     linear: str = "auto",
     consume: bool = False,
     weights: str = "stored",
+    greedy_head: str = "auto",
 ) -> DecodingWeights:
     """The decoding layout of a canonical ``params`` (checked against ``config``) as a
     ``DecodingWeights``: fused projections, packed for the C++ linear when ``linear`` resolves
@@ -458,20 +472,28 @@ def decoding_weights(
     canonical leaves module by module as they are converted (``params`` is unusable after; for
     a tree nothing else references, such as a fresh load). ``weights="int8"``: the ``Linear``
     matrices stored as per-column int8 (opt-in and lossy: ``check_weights``; for a dense model
-    about half a bf16 model's bytes per decode step)."""
+    about half a bf16 model's bytes per decode step). ``greedy_head``: whether the LM head gets
+    an int8 screen for greedy rows (``resolve_greedy_head``; "auto": a large vocabulary on the
+    C++ linear; the result's ``greedy_head`` says which)."""
     from mtpspec.models.params import check_param_tree
 
     impl = resolve_linear(linear)
     quant = check_weights(weights, impl)
+    screened = resolve_greedy_head(greedy_head, config, impl, quant) == "screened"
     check_param_tree(config, params, allow_missing_mtp=True)
     check_finite(params)
-    return finish_decoding_weights(config, params, impl, consume, quant)
+    return finish_decoding_weights(config, params, impl, consume, quant, screened)
 
 
 def finish_decoding_weights(
-    config: ModelConfig, params: dict, impl: str, consume: bool, quant: str | None = None
+    config: ModelConfig,
+    params: dict,
+    impl: str,
+    consume: bool,
+    quant: str | None = None,
+    screened: bool = False,
 ):
     """``DecodingWeights`` from a checked tree whose modules may already be converted
     (``convert_module``, called by a loader as each module completes); no checks."""
-    tree = _convert(compute_config(config, impl), params, impl, consume, quant)
+    tree = _convert(compute_config(config, impl), params, impl, consume, quant, screened)
     return DecodingWeights(config, tree, impl, quant or "stored")

@@ -32,24 +32,58 @@ class Linear:
     """y = x @ W for an inference weight: ``w`` is [in, out] ("xla") or packed [groups, in, 128]
     ("ffi"); ``splits`` are the output widths of the projections fused in it."""
 
-    def __init__(self, w, d_in: int, splits: tuple[int, ...], impl: str, transposed: bool = False):
+    def __init__(
+        self,
+        w,
+        d_in: int,
+        splits: tuple[int, ...],
+        impl: str,
+        transposed: bool = False,
+        screen=None,
+    ):
         self.w, self.d_in, self.splits, self.impl = w, d_in, tuple(splits), impl
         self.transposed = transposed  # "xla" only: w is [out, in] (a tied embedding as head)
+        # "ffi" float32 / bf16 only: the weight's int8 copy for a screened argmax (``argmax``)
+        self.screen = screen
 
     @property
     def d_out(self) -> int:
         return sum(self.splits)
 
     def tree_flatten(self):
-        return (self.w,), (self.d_in, self.splits, self.impl, self.transposed)
+        return (self.w, self.screen), (self.d_in, self.splits, self.impl, self.transposed)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        return cls(children[0], *aux, screen=children[1])
 
     def __repr__(self):
         t = ", transposed" if self.transposed else ""
+        t += ", screened" if self.screen is not None else ""
         return f"Linear({self.d_in}->{self.splits}, impl={self.impl!r}{t})"
+
+    def with_screen(self) -> Linear:
+        """The same weight (shared, not copied) with its int8 screen (``cpu_linear.screen``) for
+        ``argmax``: a large vocabulary's LM head. "ffi" float32 or bf16 weights only
+        (ValueError otherwise)."""
+        if self.impl != "ffi" or self.w.dtype not in (jnp.float32, jnp.uint16):
+            raise ValueError(
+                "a screened head needs a float32 or bf16 weight packed for the C++ linear "
+                f"(impl 'ffi'), not impl {self.impl!r} with {self.w.dtype} storage"
+            )
+        return Linear(self.w, self.d_in, self.splits, self.impl, screen=cpu_linear.screen(self.w))
+
+    def argmax(self, x: jax.Array) -> jax.Array:
+        """ids [...] int32 = ``ops.argmax(self(x))`` bit for bit (the first of the largest
+        column), through the int8 screen: its stream, then only the packed groups the screen's
+        error bound cannot rule out (``cpu_linear.head_argmax``). Needs ``with_screen``."""
+        if self.screen is None:
+            raise ValueError("this Linear has no screen (Linear.with_screen makes one)")
+        lead = x.shape[:-1]
+        ids, _, _ = cpu_linear.head_argmax(
+            x.reshape(-1, self.d_in), self.w, self.screen, self.d_out
+        )
+        return ids.reshape(lead)
 
     def __call__(self, x: jax.Array, heads: bool = False) -> jax.Array:
         """x [..., in] -> [..., out] float32. ``heads``: x is [..., h, d] with h · d = in (the
@@ -167,3 +201,32 @@ class Embedding:
 
     def __getitem__(self, tokens) -> jax.Array:
         return cpu_linear.widen(self._raw(tokens)).astype(self.dtype)  # bf16: exact either way
+
+
+GREEDY_HEADS = ("auto", "screened", "full")
+# "auto" screens the LM head from this many output columns on (a real vocabulary: Qwen3.5's
+# 248,320): the screen costs int8 bytes of the head in memory and saves about half the bf16
+# head's bytes per greedy step; a byte-level model's head is too small to matter.
+SCREEN_MIN_VOCAB = 32768
+
+
+def resolve_greedy_head(greedy_head: str, config, impl: str, quant: str | None = None) -> str:
+    """How a decoding tree's LM head (``config``: a ``ModelConfig``'s) serves greedy rows:
+    "screened" (``Linear.with_screen``: an int8 copy of the head beside it; greedy programs that
+    keep no log-probabilities take each row's argmax through it, ``Linear.argmax`` — the same ids
+    as the full head's, bit for bit, about half a bf16 head's bytes streamed) or "full" (the
+    logits, then their argmax). "auto": "screened" with the C++ linear (``impl`` "ffi"), float32
+    / bf16 matrices and a vocabulary of at least ``SCREEN_MIN_VOCAB``, else "full". ValueError
+    for an unknown value, or "screened" where it cannot run (another linear; int8 matrices,
+    already the screen's bytes)."""
+    if greedy_head not in GREEDY_HEADS:
+        raise ValueError(f"greedy_head must be one of {GREEDY_HEADS}, got {greedy_head!r}")
+    can = impl == "ffi" and quant is None
+    if greedy_head == "screened" and not can:
+        why = f"linear resolved to {impl!r}" if impl != "ffi" else "the matrices are int8"
+        raise ValueError(
+            "greedy_head='screened' needs the C++ CPU linear and float32 / bf16 matrices; " + why
+        )
+    if greedy_head == "auto":
+        return "screened" if can and config.vocab_size >= SCREEN_MIN_VOCAB else "full"
+    return greedy_head
