@@ -14,6 +14,7 @@ executables: its next call with the same argument types neither traces nor compi
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import threading
 from typing import Any
@@ -50,3 +51,16 @@ def release() -> None:
     for fun in functions:
         fun.clear_cache()
     gc.collect()
+
+
+def return_freed_memory() -> None:
+    """Hand the heap pages already freed back to the OS (glibc's ``malloc_trim``; a no-op
+    elsewhere). Only frees what is free: a loader's freed canonical arrays (~0.15 GB at
+    Qwen3.5-0.8B's size), a compile's freed working memory (~0.1-0.2 GB per real-size program),
+    which glibc otherwise keeps in the resident set."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)

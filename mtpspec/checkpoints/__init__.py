@@ -1,9 +1,9 @@
 """Checkpoints: HF safetensors import (``load_hf``) and export (``save_hf``), the HF config mapping
 both ways (``from_hf_config`` / ``hf_config_dict``), and orbax save / restore of the param tree."""
 
-import ctypes
 import pathlib
 
+from mtpspec import compiled
 from mtpspec.checkpoints.hf import load_hf
 from mtpspec.checkpoints.hf_config import from_hf_config, hf_config_dict
 from mtpspec.checkpoints.hf_export import save_hf
@@ -98,21 +98,8 @@ def load(
     screened = inference.resolve_greedy_head(greedy_head, config, impl, quant) == "screened"
     made = inference.finish_decoding_weights(config, params, impl, True, quant, screened)
     del params
-    _return_freed_memory()
+    compiled.return_freed_memory()  # the canonical arrays freed module by module
     return config, made
-
-
-def _return_freed_memory() -> None:
-    """Hand the heap pages freed while converting back to the OS (glibc's ``malloc_trim``; a
-    no-op elsewhere): the canonical arrays read and freed module by module otherwise stay in the
-    resident set (~0.15 GB at Qwen3.5-0.8B's size). Only frees what is already free."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    trim(0)
 
 
 def load_tokenizer(path, config=None):

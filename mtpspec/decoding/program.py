@@ -371,6 +371,7 @@ class ProgramCache:
                 return self._entries[sig], False
             relieve_map_pressure()
             program = lower(s, args, part).compile(compiler_options=options)
+            compiled.return_freed_memory()  # the compile's working memory, freed
             self.compiles += 1
             self._entries[sig] = program
             while len(self._entries) > self.maxsize:

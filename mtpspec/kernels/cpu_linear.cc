@@ -885,6 +885,66 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   return ffi::Error::Success();
 }
 
+// The screen of a packed float32 / bf16 weight, group by group, into XLA's output buffer (no
+// temporary: a whole-array XLA form widened a 248k-column head to float32 first): column c's
+// scale s = fl(max_i |w_ic| fl(1 / 127)) (1 for an all-zero column), q_ic = round-half-even(
+// fl(w_ic / s)) (an IEEE division) clipped to [-127, 127]. So max |w_ic| <= 128 s and
+// |w_ic / s - q_ic| <= 1/2 + 128 u, inside HeadArgmax's bound. (cpu_linear.quantize's XLA
+// arithmetic can differ from it by a rounding in a few values: the screen is its own.)
+inline float WidenOne(float v) { return v; }
+inline float WidenOne(uint16_t v) {
+  const uint32_t bits = uint32_t{v} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+template <ffi::DataType T, typename W>
+ffi::Error MakeScreen(ffi::ThreadPool pool, ffi::Buffer<T> w, ffi::ResultBuffer<ffi::S8> out,
+                      int64_t threads) {
+  auto wd = w.dimensions();
+  auto od = out->dimensions();
+  if (wd.size() != 3 || od.size() != 3 || od[0] != wd[0] || od[1] != wd[1] + 4 ||
+      od[2] != wd[2]) {
+    return ffi::Error::InvalidArgument(
+        "mtpspec_cpu_screen: expected w [groups, in, ld] and out [groups, in + 4, ld]");
+  }
+  const int64_t groups = wd[0], k = wd[1], ldw = wd[2];
+  const W* wp = reinterpret_cast<const W*>(w.typed_data());
+  int8_t* op = out->typed_data();
+  mtpspec::ParallelFor(pool, threads, groups, groups >= 2, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scale(ldw);
+    for (int64_t g = u0; g < u1; ++g) {
+      const W* wg = wp + g * k * ldw;
+      int8_t* og = op + g * (k + 4) * ldw;
+      std::fill(scale.begin(), scale.end(), 0.0f);
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t c = 0; c < ldw; ++c)
+          scale[c] = std::max(scale[c], std::fabs(WidenOne(wg[i * ldw + c])));
+      for (int64_t c = 0; c < ldw; ++c) scale[c] = scale[c] > 0 ? scale[c] * (1.0f / 127) : 1.0f;
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t c = 0; c < ldw; ++c) {
+          const float q = std::nearbyint(WidenOne(wg[i * ldw + c]) / scale[c]);
+          og[i * ldw + c] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
+        }
+      for (int64_t c = 0; c < ldw; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, &scale[c], sizeof(bits));
+        for (int b = 0; b < 4; ++b) og[(k + b) * ldw + c] = static_cast<int8_t>(bits >> (8 * b));
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
+template <ffi::DataType T>
+auto ScreenBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .template Arg<ffi::Buffer<T>>()
+      .template Ret<ffi::Buffer<ffi::S8>>()
+      .template Attr<int64_t>("threads");
+}
+
 template <ffi::DataType T>
 auto HeadArgmaxBinding() {
   return ffi::Ffi::Bind()
@@ -935,6 +995,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuHeadArgmax, (HeadArgmax<ffi::F32, float>
                               HeadArgmaxBinding<ffi::F32>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuHeadArgmaxBf16, (HeadArgmax<ffi::U16, uint16_t>),
                               HeadArgmaxBinding<ffi::U16>());
+
+// The int8 screen of a float32 or bf16 packed weight (MakeScreen, above).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuScreen, (MakeScreen<ffi::F32, float>),
+                              ScreenBinding<ffi::F32>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MtpspecCpuScreenBf16, (MakeScreen<ffi::U16, uint16_t>),
+                              ScreenBinding<ffi::U16>());
 
 extern "C" int mtpspec_cpu_linear_supported() {
   __builtin_cpu_init();

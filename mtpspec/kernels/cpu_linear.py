@@ -52,6 +52,8 @@ TARGET_BF16 = "mtpspec_cpu_linear_bf16"
 TARGET_S8 = "mtpspec_cpu_linear_s8"
 TARGET_ARGMAX = "mtpspec_cpu_head_argmax"
 TARGET_ARGMAX_BF16 = "mtpspec_cpu_head_argmax_bf16"
+TARGET_SCREEN = "mtpspec_cpu_screen"
+TARGET_SCREEN_BF16 = "mtpspec_cpu_screen_bf16"
 PACK_DTYPES = (jnp.float32, jnp.bfloat16, jnp.int8)
 # int8 storage: each group's per-column float32 scales follow its input rows, as bytes (4 rows).
 SCALE_ROWS = 4
@@ -88,6 +90,13 @@ KERNEL_ARGMAX_BF16 = library.Target(
     TARGET_ARGMAX_BF16,
     "MtpspecCpuHeadArgmaxBf16",
     "a screened greedy head needs the C++ CPU linear kernel",
+)
+
+KERNEL_SCREEN = library.Target(
+    TARGET_SCREEN, "MtpspecCpuScreen", "a screened greedy head needs the C++ CPU linear kernel"
+)
+KERNEL_SCREEN_BF16 = library.Target(
+    TARGET_SCREEN_BF16, "MtpspecCpuScreenBf16", "a screened greedy head needs the C++ kernel"
 )
 
 
@@ -275,18 +284,30 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     )
 
 
-@jax.jit
 def screen(wp: jax.Array) -> jax.Array:
-    """The int8 screen of a float32 or bf16 packed weight: its values quantised per column
-    (``quantize``) in the int8 packed layout, [groups, in + 4, group] — what ``pack(w, jnp.int8)``
-    gives for the same matrix, made from the packed weight in one fused pass (no float32 copy of
-    a 248k-column head)."""
+    """The int8 screen of a float32 or bf16 packed weight, in the int8 packed layout [groups,
+    in + 4, group]: per column, scale = max |w| · fl(1 / 127) (1 for a zero column) and q =
+    round-half-even(w / scale) in [-127, 127], in IEEE float32 (``quantize``'s XLA arithmetic may
+    round a few values otherwise; ``head_argmax``'s bound holds for either), made by the C++
+    library from the packed weight in place (an XLA form held a float32 copy of the head: ~1 GB
+    at Qwen3.5's size)."""
     if wp.dtype not in (jnp.float32, jnp.uint16):
         raise ValueError(f"a screen is made from a float32 or bf16 packed weight, not {wp.dtype}")
-    groups, _, group = wp.shape
-    q, scale = quantize(widen(wp), axis=1)  # [groups, in, group], [groups, group]
-    raw = jax.lax.bitcast_convert_type(scale, jnp.int8).transpose(0, 2, 1)  # [groups, 4, group]
-    return jnp.concatenate([q, raw], axis=1)
+    return _screen(wp)
+
+
+@jax.jit
+def _screen(wp):
+    kernel, target = (
+        (KERNEL_SCREEN_BF16, TARGET_SCREEN_BF16)
+        if wp.dtype == jnp.uint16
+        else (KERNEL_SCREEN, TARGET_SCREEN)
+    )
+    kernel.require()
+    groups, d_in, group = wp.shape
+    out = jax.ShapeDtypeStruct((groups, d_in + SCALE_ROWS, group), jnp.int8)
+    threads = settings.current().attributes("linear")["threads"]
+    return jax.ffi.ffi_call(target, out)(wp, threads=threads)
 
 
 def head_argmax(x: jax.Array, wp: jax.Array, sp: jax.Array, d_out: int):
