@@ -18,9 +18,15 @@ Prints one JSON object (and writes it with ``--json_out``):
                                              resident set size (VmRSS, GiB) after load and the
                                              process's peak (getrusage)
   prefill_tok_s                              a --prompt_len prompt, median over --repeats
+  greedy_head                                the LM head for greedy rows (--greedy_head:
+                                             "screened", its argmax through an int8 screen, the
+                                             same ids; or "full")
   decode_tok_s                               plain greedy, (n − 1) tokens ÷ (T(n) − T(1)) on a
                                              short prompt (its prefill and the first token
                                              subtracted), median over rounds
+  decode_full_head_tok_s,                    with a screened head: plain greedy through the
+  screened_vs_full_head                      full head, timed in the same rounds, and the
+                                             ratio per round
   r[name]                                    iteration cost of MTP k drafts in plain steps:
                                              τ × T(spec) ÷ T(plain) per round-robin round,
                                              median and IQR; a trained head's speed-up is τ ÷ r
@@ -76,6 +82,14 @@ flags.DEFINE_enum(
     ["stored", "int8"],
     "The matrices' storage (for_decoding only): the checkpoint's own, or per-column int8 "
     "(opt-in, lossy: experiments/int8_report.py measures what it changes).",
+)
+flags.DEFINE_enum(
+    "greedy_head",
+    "auto",
+    ["auto", "screened", "full"],
+    "The LM head for greedy rows (for_decoding only; inference.resolve_greedy_head): its argmax "
+    "through an int8 screen, or the full logits'. With a screened head the bench also times "
+    "plain decoding through the full head in every round (decode_full_head_tok_s).",
 )
 flags.DEFINE_integer("prompt_len", 512, "Prefill benchmark prompt length.")
 flags.DEFINE_integer("new_tokens", 48, "Tokens per decode run.")
@@ -183,14 +197,20 @@ def _main(peer_bin, kernels: dict):
 
     t0 = time.perf_counter()
     config, params = checkpoints.load(
-        FLAGS.checkpoint, dtype=FLAGS.dtype, for_decoding=FLAGS.for_decoding, weights=FLAGS.weights
+        FLAGS.checkpoint,
+        dtype=FLAGS.dtype,
+        for_decoding=FLAGS.for_decoding,
+        weights=FLAGS.weights,
+        greedy_head=FLAGS.greedy_head,
     )
     jax.block_until_ready(params.tree if FLAGS.for_decoding else params)
+    screened = getattr(params, "greedy_head", None) == "screened"
     out = {
         "checkpoint": FLAGS.checkpoint,
         "dtype": config.dtype,
         "for_decoding": FLAGS.for_decoding,
         "weights": FLAGS.weights,
+        "greedy_head": getattr(params, "greedy_head", "auto (the canonical tree's)"),
         "kernels": kernels,
     }
     out["load_s"], out["rss_after_load_gib"] = time.perf_counter() - t0, rss_gib()
@@ -215,6 +235,9 @@ def _main(peer_bin, kernels: dict):
     }
     for name, spec in configs.items():
         jobs[name] = lambda spec=spec: timed(config, params, short, n, spec)
+    if screened:  # the same weights through the full head: the screen's gain in every round
+        full = params.without_screen()
+        jobs["plain full head"] = lambda: timed(config, full, short, n)
     for job in jobs.values():  # compile (and pack) everything before any timing
         job()
     out["rss_after_first_decode_gib"] = rss_gib()
@@ -233,6 +256,11 @@ def _main(peer_bin, kernels: dict):
     out["prefill_tok_s"] = FLAGS.prompt_len / statistics.median(seconds["prefill"])
     decode = [(n - 1) / (p - f) for p, f in zip(seconds["plain"], seconds["first"])]
     out["decode_tok_s"] = quartiles(decode)
+    if screened:
+        ff = [(n - 1) / (p - f) for p, f in zip(seconds["plain full head"], seconds["first"])]
+        out["decode_full_head_tok_s"] = quartiles(ff)
+        out["screened_vs_full_head"] = quartiles([a / b for a, b in zip(decode, ff)])
+        out["full_head_same_tokens"] = tokens["plain full head"] == tokens["plain"]
     plain_decode = [p - f for p, f in zip(seconds["plain"], seconds["first"])]
     out["configs"] = {}
     for name in configs:
@@ -294,8 +322,11 @@ def _against_reference(config, params, ref) -> dict:
     got = r.tokens[0]
     same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
     dlogp = np.abs(np.asarray(r.logprobs[0][:same]) - ref["greedy_logp"][:same])
+    # without log-probabilities a screened head gives the greedy ids through its screen
+    ids = mtpspec.generate(config, params, [ref["input_ids"][0].tolist()], max_new_tokens=len(want))
     return {
         "greedy_identical": got == want,
+        "greedy_identical_without_logprobs": ids.tokens[0] == want,
         "first_difference": None if got == want else same,
         "max_abs_logp_diff": float(dlogp.max()) if same else None,
     }

@@ -108,9 +108,10 @@ def test_negative_control_a_verifier_that_ignores_the_short_window_differs(model
     mtpspec.decoding.release_compiled()
     try:
         with pytest.MonkeyPatch.context() as mp:
-            ignore_m = lambda s, d, lg, p, dr, q, m=None, ids=None: real(
-                s, d, lg, p, dr, q, ids=ids
-            )  # noqa: E731,E501
+
+            def ignore_m(s, d, lg, p, dr, q, m=None, ids=None):
+                return real(s, d, lg, p, dr, q, ids=ids)
+
             mp.setattr(stages, "accept", ignore_m)
             spec = _spec(num_draft=3, p_min=0.6)
             got = mtpspec.generate(config, params, PROMPTS, max_new_tokens=24, speculative=spec)

@@ -243,14 +243,7 @@ def convert_module(
     return out
 
 
-def _convert(
-    config: ModelConfig,
-    params: dict,
-    impl: str,
-    consume: bool,
-    quant: str | None = None,
-    screened: bool = False,
-) -> dict:
+def _convert(config, params: dict, impl: str, consume: bool, quant=None, screened=False) -> dict:
     """The decoding tree (no attention markers), module by module (modules converted already,
     by a loader's ``convert_module`` calls, are kept). ``consume``: delete each canonical leaf
     the new tree does not share as soon as its module is converted, so the two copies are never
@@ -402,6 +395,12 @@ class DecodingWeights:
     def __getitem__(self, key):
         return self.tree[key]
 
+    def without_screen(self) -> DecodingWeights:
+        """The same weights (shared arrays) with the LM head's screen left out: greedy rows then
+        take the full logits' argmax (a screened head's comparison baseline; same tokens)."""
+        tree = {**self.tree, "lm_head": self.tree["lm_head"].without_screen()}
+        return DecodingWeights(self.config, tree, self.linear, self.weights)
+
     @property
     def nbytes(self) -> int:
         unique = {id(x): x for x in jax.tree_util.tree_leaves(self.tree)}  # embed = head: once
@@ -485,14 +484,7 @@ def decoding_weights(
     return finish_decoding_weights(config, params, impl, consume, quant, screened)
 
 
-def finish_decoding_weights(
-    config: ModelConfig,
-    params: dict,
-    impl: str,
-    consume: bool,
-    quant: str | None = None,
-    screened: bool = False,
-):
+def finish_decoding_weights(config, params, impl: str, consume: bool, quant=None, screened=False):
     """``DecodingWeights`` from a checked tree whose modules may already be converted
     (``convert_module``, called by a loader as each module completes); no checks."""
     tree = _convert(compute_config(config, impl), params, impl, consume, quant, screened)

@@ -73,6 +73,10 @@ class Linear:
             )
         return Linear(self.w, self.d_in, self.splits, self.impl, screen=cpu_linear.screen(self.w))
 
+    def without_screen(self) -> Linear:
+        """The same weight (shared) without a screen."""
+        return Linear(self.w, self.d_in, self.splits, self.impl, self.transposed)
+
     def argmax(self, x: jax.Array) -> jax.Array:
         """ids [...] int32 = ``ops.argmax(self(x))`` bit for bit (the first of the largest
         column), through the int8 screen: its stream, then only the packed groups the screen's
