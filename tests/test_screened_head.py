@@ -194,6 +194,14 @@ def test_decoding_through_the_screen_emits_the_full_heads_tokens(shipped):
     ):
         got = mtpspec.generate(config, scr, prompts, max_new_tokens=32, speculative=spec)
         assert got.tokens == plain, spec
+    for spec in (  # greedy chains draft through the screen too: the same drafts, the same τ
+        mtpspec.SpecConfig(num_draft=3),
+        mtpspec.SpecConfig(num_draft=2, draft_vocab=vocab),
+    ):
+        a = mtpspec.generate(config, full, prompts, max_new_tokens=32, speculative=spec)
+        b = mtpspec.generate(config, scr, prompts, max_new_tokens=32, speculative=spec)
+        assert a.stats["position_acceptance"] == b.stats["position_acceptance"], spec
+        assert a.stats["tau"] == b.stats["tau"] > 1.5
     a = mtpspec.generate(config, full, prompts, max_new_tokens=16, return_logprobs=True)
     b = mtpspec.generate(config, scr, prompts, max_new_tokens=16, return_logprobs=True)
     assert a.tokens == b.tokens and a.logprobs == b.logprobs
@@ -249,3 +257,35 @@ def test_errors_name_the_problem(tmp_path):
         cpu_linear.head_argmax(jnp.ones((1, 8)), wp, cpu_linear.screen(wp)[:, :-1], 8)
     with pytest.raises(ValueError, match="float32 or bf16 packed weight and its int8 screen"):
         cpu_linear.head_argmax(jnp.ones((1, 8)), wp, wp, 8)
+
+
+@built
+def test_drafts_take_the_screen_only_where_they_need_nothing_but_the_argmax(shipped):
+    """``proposers.base.argmax_head``: a greedy chain (fixed k) drafts through the screen; a
+    tree (top-b children), an adaptive chain (confidences) and sampling (q) take logits; a
+    draft vocabulary's head keeps its columns' screen (``Linear.subset``)."""
+    from mtpspec.decoding.proposers.base import argmax_head
+    from mtpspec.decoding.sampling import Sampling
+    from mtpspec.models.tree import TreeShape
+
+    config, full, scr = shipped
+    head = scr["lm_head"]
+
+    class Key:  # the program key's fields argmax_head reads
+        def __init__(self, greedy=True, adaptive=False):
+            self.sampling, self.adaptive = Sampling(greedy=greedy), adaptive
+
+    chain, tree = TreeShape.chain(3), TreeShape((2, 1))
+    assert argmax_head(Key(), chain, head) is not None
+    assert argmax_head(Key(), tree, head) is None
+    assert argmax_head(Key(adaptive=True), chain, head) is None
+    assert argmax_head(Key(greedy=False), chain, head) is None
+    assert argmax_head(Key(), chain, full["lm_head"]) is None  # no screen
+    ids = jnp.asarray([3, 200, 17, 64, 255], jnp.int32)
+    sub = head.subset(ids)
+    want = cpu_linear.pack_raw_rows(cpu_linear.packed_columns(head.screen, ids), 128)
+    np.testing.assert_array_equal(np.asarray(sub.screen), np.asarray(want))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((3, config.hidden_size)), jnp.float32)
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(sub.argmax)(x)), np.asarray(ops.argmax(jax.jit(sub.__call__)(x)))
+    )

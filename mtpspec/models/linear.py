@@ -140,12 +140,16 @@ class Linear:
     def subset(self, ids: jax.Array) -> Linear:
         """The ``Linear`` of output columns ``ids`` [N] (a draft vocabulary's rows of the LM
         head), stored as this one is: the same values, bit for bit (an int8 weight keeps its
-        columns' int8 values and scales)."""
+        columns' int8 values and scales; a screened head keeps those columns' screen)."""
         ids = jnp.asarray(ids, jnp.int32)
         if self.impl == "ffi":
             group = self.w.shape[2]
-            raw = cpu_linear.packed_columns(self.w, ids)  # [N, in (+ scale rows)], as stored
-            return Linear(cpu_linear.pack_raw_rows(raw, group), self.d_in, (len(ids),), "ffi")
+
+            def cut(wp):  # columns [N, in (+ scale rows)] as stored, packed again
+                return cpu_linear.pack_raw_rows(cpu_linear.packed_columns(wp, ids), group)
+
+            screen = None if self.screen is None else cut(self.screen)  # the same columns'
+            return Linear(cut(self.w), self.d_in, (len(ids),), "ffi", screen=screen)
         return Linear.of(self.columns(ids), self.impl)
 
     def columns(self, ids: jax.Array) -> jax.Array:

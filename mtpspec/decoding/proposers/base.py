@@ -152,6 +152,19 @@ class Drafted(NamedTuple):
     carry: Any  # ``step``'s carry after the last depth computed
 
 
+def argmax_head(s, w, head):
+    """``head`` (a ``Linear``) as a draft step's argmax (ids [b, n]), where program ``s`` and
+    window ``w`` need nothing else from a draft's logits — greedy, one child per node, not
+    adaptive (no confidences) — and the head is screened (``Linear.argmax``: the same ids from
+    about half a bf16 head's bytes); else None."""
+    one_child = all(b == 1 for b in w.branching)
+    if not (s.sampling.greedy and one_child and not s.adaptive):
+        return None
+    if getattr(head, "screen", None) is None:
+        return None
+    return head.argmax
+
+
 def top_b(logits, b: int):
     """The b most likely ids [..., b] (ties: the lower id first, as argmax)."""
     if b == 1:
@@ -205,7 +218,9 @@ def draft_window(
     nodes of depth i their children's logits (``nodes`` [b, n_i] the depth-i ids the previous
     call's logits chose, None at depth 0: the root, the pending token); each node's b_{i+1}
     children are picked by ``children(s, draws)`` (ids in [0, W): a draft vocabulary's indices
-    when the step's logits are its subset). In adaptive programs (chains) each draft's
+    when the step's logits are its subset; a step may give each node's greedy child itself,
+    ids [b, n_i] int32, where the program is greedy, b_{i+1} = 1 and not adaptive: the
+    proposer's screened head, ``argmax_head``). In adaptive programs (chains) each draft's
     confidence is kept, and with a ``budget`` the depths 1.. that no row drafts are skipped
     (``lax.cond``: zero logits, the carry unchanged; ``width``: W, default the vocabulary)."""
     width = s.config.vocab_size if width is None else width
@@ -227,7 +242,10 @@ def draft_window(
             logits, carry = step(i, nodes, carry)
         if s.adaptive:  # a chain's: one node per depth
             confs.append(adaptive.max_prob(logits[:, 0]))
-        ids, q = select(logits, b_i, i)
+        if jnp.issubdtype(logits.dtype, jnp.integer):  # the step's argmax ids [b, n_i] already
+            ids, q = logits[..., None], jnp.zeros(logits.shape + (1, 0), jnp.float32)
+        else:
+            ids, q = select(logits, b_i, i)
         nodes = ids.reshape(ids.shape[0], -1)
         levels.append(nodes)
         qs.append(per_child(q))

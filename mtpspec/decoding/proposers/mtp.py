@@ -119,6 +119,8 @@ class MTPProposer(Proposer):
             head, width = (lambda h: lm_logits(s.config, params, h)), None
         else:
             head, width = dh.head, dh.ids.shape[0]
+        # a greedy chain's drafts through the head's screen: the same ids
+        head = base.argmax_head(s, w, params.get("lm_head") if dh is None else dh.head) or head
 
         def token(nodes):  # the ids the head's logits index, as vocabulary ids
             return nodes if dh is None else dh.ids[nodes]
