@@ -278,26 +278,31 @@ def _main(peer_bin, kernels: dict):
     if ref:
         out["reference"] = _against_reference(config, params, ref)
     if peer:
-        ours = {
-            "prefill": [FLAGS.prompt_len / s for s in seconds["prefill"]],
-            "decode": decode,
-        }
-        names = {"prefill": f"pp{FLAGS.prompt_len}", "decode": f"tg{n}"}
-        out["llama_cpp"] = {
+        out.update(_vs_peer(peer, [FLAGS.prompt_len / s for s in seconds["prefill"]], decode, n))
+    out["rss_peak_gib"] = peak_gib()
+    print(json.dumps(out, indent=1))
+    if FLAGS.json_out:
+        cli.write_json(out)
+
+
+def _vs_peer(peer: list, prefill: list, decode: list, n: int) -> dict:
+    """llama-bench's figures (one per round) and mtpspec ÷ llama.cpp per round."""
+    ours = {"prefill": prefill, "decode": decode}
+    names = {"prefill": f"pp{FLAGS.prompt_len}", "decode": f"tg{n}"}
+    out = {
+        "llama_cpp": {
             names[k]: {
                 "tok_s": statistics.median(p[k] for p in peer),
                 "per_round": [p[k] for p in peer],
             }
             for k in names
-        }
-        out["vs_llama_cpp"] = {}
-        for k in names:
-            ratios = [a / p[k] for a, p in zip(ours[k], peer, strict=True)]
-            out["vs_llama_cpp"][k] = {**quartiles(ratios), "per_round": ratios}
-    out["rss_peak_gib"] = peak_gib()
-    print(json.dumps(out, indent=1))
-    if FLAGS.json_out:
-        cli.write_json(out)
+        },
+        "vs_llama_cpp": {},
+    }
+    for k in names:
+        ratios = [a / p[k] for a, p in zip(ours[k], peer, strict=True)]
+        out["vs_llama_cpp"][k] = {**quartiles(ratios), "per_round": ratios}
+    return out
 
 
 def _reference(path: str):
