@@ -289,3 +289,18 @@ def test_drafts_take_the_screen_only_where_they_need_nothing_but_the_argmax(ship
     np.testing.assert_array_equal(
         np.asarray(jax.jit(sub.argmax)(x)), np.asarray(ops.argmax(jax.jit(sub.__call__)(x)))
     )
+
+
+@built
+def test_the_window_cost_tools_time_what_decoding_runs_with_a_screened_head():
+    """A large vocabulary screens its head by default; ``tree_plan``'s window costs then time
+    the windows as decoding runs them (ids, no logits) instead of failing on them."""
+    from mtpspec.analysis.trees import tree_costs
+
+    dense = {**C.TWO_LAYERS, "mlp_types": ("dense", "dense")}
+    config = C.tiny_hybrid(vocab_size=linear.SCREEN_MIN_VOCAB, **dense)
+    params = init_params(config, jax.random.key(1), norm_scale=0.1)
+    made = inference.decoding_weights(config, params)
+    assert made.greedy_head == "screened"
+    got = tree_costs(config, made, [1, 2, 3], [(2, 1)], iters=2)
+    assert got["tree"][(2, 1)] > 0

@@ -41,8 +41,10 @@ def _pin(new, old):
     return new
 
 
-def _next_tokens(logits, t, vocab):  # data dependence: the next input comes from this output
-    return ((jnp.argmax(logits, -1) + t) % vocab).astype(jnp.int32)
+def _next_tokens(out, t, vocab):  # data dependence: the next input comes from this output
+    """From a verify ``StepOutput``: its argmax ids (a screened greedy head's) or its logits'."""
+    ids = jnp.argmax(out.logits, -1) if out.ids is None else out.ids
+    return ((ids + t) % vocab).astype(jnp.int32)
 
 
 def _prepared(config, params, prompt, k, proposer, commit, verify_method, capacity, draft, linear):
@@ -74,12 +76,12 @@ def _target_jobs(prep, k, commits, iters, res) -> dict[str, Callable[[], None]]:
     def step_body(prm, c):
         st, t = c
         o = stages.verify(plain, prm, st, t[:, 0], t[:, 1:], active)
-        return _pin(o.state, st), _next_tokens(o.logits, t, vocab)
+        return _pin(o.state, st), _next_tokens(o, t, vocab)
 
     def verify_body(prm, c):
         st, t = c
         o = stages.verify(s, prm, st, t[:, 0], t[:, 1:], active)
-        return _pin(o.state, st), _next_tokens(o.logits, t, vocab)
+        return _pin(o.state, st), _next_tokens(o, t, vocab)
 
     jobs = {
         "step": loop_job(step_body, params, (state, window[:, :1]), iters=iters),
@@ -102,7 +104,7 @@ def _target_jobs(prep, k, commits, iters, res) -> dict[str, Callable[[], None]]:
 
         def verify_commit(prm, st, t, n, sk=sk):
             v = stages.verify(sk, prm, st, t[:, 0], t[:, 1:], active)
-            return v.logits, stages.commit(sk, st, v, n - 1, n)
+            return (v.logits, v.ids), stages.commit(sk, st, v, n - 1, n)
 
         mem = jax.jit(verify_commit).lower(params, state, window, n).compile().memory_analysis()
         res[f"step_temp_bytes_{strategy}"] = None if mem is None else int(mem.temp_size_in_bytes)
@@ -252,7 +254,7 @@ def _layer_jobs(prepared, t: int, pieces: bool, iters: int) -> dict:
     def window(prm, c):
         st, tk = c
         o = stages.verify(sk, prm, st, tk[:, 0], tk[:, 1:], active)
-        return _pin(o.state, st), _next_tokens(o.logits, tk, config.vocab_size)
+        return _pin(o.state, st), _next_tokens(o, tk, config.vocab_size)
 
     tokens = jnp.tile(carry.pending[:, None], (1, t))
     jobs[("model", 0)] = loop_job(window, params, (state, tokens), iters=iters)

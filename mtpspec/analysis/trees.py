@@ -43,20 +43,28 @@ def tree_costs(
         def body(c, tok):
             p, st = c
             out = forward(p, st, jnp.full((1, t), tok, jnp.int32))
-            return (jnp.argmax(out.logits[0, -1]) % vocab).astype(jnp.int32)
+            last = jnp.argmax(out.logits[0, -1]) if out.ids is None else out.ids[0, -1]
+            return (last % vocab).astype(jnp.int32)
 
         return loop_job(body, (tree_params, state), jnp.int32(1), iters=iters)
 
     def chain(t):
         method = backend.window_gdn_method(config, "auto", t, sharded=False)
         valid = jnp.array([t], jnp.int32)
-        return job(lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method), t)
+        return job(
+            lambda p, st, x: decoder.window_step_impl(
+                config, p, st, x, valid, method, argmax_only=decoder.screened_head(p)
+            ),
+            t,
+        )
 
     def tree(shape):  # with the GDN form decoding runs for it (stages.verify)
         valid = jnp.array([shape.rows], jnp.int32)
         method = backend.window_gdn_method(config, "auto", shape.depth + 1, sharded=False)
         return job(
-            lambda p, st, x: decoder.window_step_impl(config, p, st, x, valid, method, tree=shape),
+            lambda p, st, x: decoder.window_step_impl(
+                config, p, st, x, valid, method, tree=shape, argmax_only=decoder.screened_head(p)
+            ),
             shape.rows,
         )
 
