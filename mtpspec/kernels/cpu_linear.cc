@@ -809,9 +809,16 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     whole[r] = !std::isfinite(up);
   }
   // The screen: a_j for every column, and per (row, group) the largest a_j - b_j and a_j + b_j.
-  thread_local std::vector<float> approx, exact_y;
-  approx.resize(static_cast<size_t>(rows * n));
-  exact_y.resize(static_cast<size_t>(rows * n));
+  // A decode step's or window's rows reuse a thread's buffers; a call of many rows (beyond 32 MB
+  // of logits) gets its own, so that a thread never keeps the largest forever.
+  const size_t need = static_cast<size_t>(rows * n);
+  thread_local std::vector<float> approx_kept, exact_kept;
+  std::vector<float> approx_own, exact_own;
+  const bool keep = need <= (size_t{8} << 20);
+  std::vector<float>& approx = keep ? approx_kept : approx_own;
+  std::vector<float>& exact_y = keep ? exact_kept : exact_own;
+  if (approx.size() < need) approx.resize(need);
+  if (exact_y.size() < need) exact_y.resize(need);
   float* ap = approx.data();
   float* ep = exact_y.data();
   std::vector<float> lo(rows * groups), hi(rows * groups);
