@@ -629,12 +629,26 @@ template <typename W>
 constexpr int64_t kScaleRows = sizeof(W) == 1 ? 4 : 0;
 
 // Columns [c0, c1) (within one group) of an int8 weight's scales into sc[0 .. c1 - c0).
-inline void ColumnScales(const int8_t* w, int64_t kg, int64_t k, int64_t lg, int64_t c0,
-                         int64_t c1, float* sc) {
+// 16 columns at a time: the 4 byte rows interleaved (bytes, then byte pairs) into 16 floats.
+__attribute__((target("avx2,fma"))) inline void ColumnScales(const int8_t* w, int64_t kg,
+                                                             int64_t k, int64_t lg, int64_t c0,
+                                                             int64_t c1, float* sc) {
   const int64_t ldw = (int64_t{1} << lg) * kTile;
   const int64_t g = c0 / ldw;
   const int8_t* sb = w + g * kg * ldw + k * ldw - g * ldw;  // + c: column c's byte 0
-  for (int64_t c = c0; c < c1; ++c) {
+  int64_t c = c0;
+  for (; c + 16 <= c1; c += 16) {
+    __m128i b[4];
+    for (int i = 0; i < 4; ++i) b[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sb + c + i * ldw));
+    const __m128i lo01 = _mm_unpacklo_epi8(b[0], b[1]), hi01 = _mm_unpackhi_epi8(b[0], b[1]);
+    const __m128i lo23 = _mm_unpacklo_epi8(b[2], b[3]), hi23 = _mm_unpackhi_epi8(b[2], b[3]);
+    float* out = sc + (c - c0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_unpacklo_epi16(lo01, lo23));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_unpackhi_epi16(lo01, lo23));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 8), _mm_unpacklo_epi16(hi01, hi23));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 12), _mm_unpackhi_epi16(hi01, hi23));
+  }
+  for (; c < c1; ++c) {
     uint32_t bits = 0;
     for (int b = 0; b < 4; ++b) bits |= uint32_t{static_cast<uint8_t>(sb[c + b * ldw])} << (8 * b);
     std::memcpy(&sc[c - c0], &bits, sizeof(float));
@@ -744,7 +758,7 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
 //
 // The bound. For a row x (l1 = sum |x_i|) and a column j, e_j is Linear's value (one FMA chain over
 // w_ij) and a_j = s_j t_j the screen's (one FMA chain over the int8 values q_ij, then one multiply
-// by the column's scale s_j). With u = 2^-24 and g = k u / (1 - k u) (a k-term chain's rounding,
+// by the column's scale s_j, ScreenStats). With u = 2^-24 and g = k u / (1 - k u) (a k-term chain's rounding,
 // relative to the sum of its absolute terms):
 //   |e_j - sum x_i w_ij|        <= g l1 max_i |w_ij| <= g l1 128 s_j   (s_j = fl(max |w_ij| / 127))
 //   |sum x_i (w_ij - s_j q_ij)| <= l1 s_j (1/2 + 256 u)               (q = round(fl(w / s_j)))
@@ -761,6 +775,42 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
 //
 // Outputs: ids [rows] int32, top [rows] float32 (the maximum, e_ids), exact [rows] int32 (the
 // columns computed exactly: what the screen did not save).
+// Over m columns of one row: a = t * s (the screen's value), b = kl1 * s + tiny * (1 + s);
+// *lo = max (a - b), *hi = max (a + b), *bad = whether any a is not finite (b is computed with
+// an FMA here and a multiply-add in the tail: its 2^-10 margin covers either rounding).
+__attribute__((target("avx2,fma"))) inline void ScreenStats(const float* t, const float* sc,
+                                                            int64_t m, float kl1, float tiny,
+                                                            float* lo, float* hi, char* bad) {
+  __m256 l = _mm256_set1_ps(-INFINITY), h = l, nf = _mm256_setzero_ps();
+  const __m256 kv = _mm256_set1_ps(kl1), tv = _mm256_set1_ps(tiny), one = _mm256_set1_ps(1.0f);
+  int64_t c = 0;
+  for (; c + 8 <= m; c += 8) {
+    const __m256 s = _mm256_loadu_ps(sc + c);
+    const __m256 a = _mm256_mul_ps(_mm256_loadu_ps(t + c), s);
+    const __m256 b = _mm256_fmadd_ps(kv, s, _mm256_mul_ps(tv, _mm256_add_ps(one, s)));
+    const __m256 d = _mm256_sub_ps(a, a);  // NaN where a is not finite
+    nf = _mm256_or_ps(nf, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
+    l = _mm256_max_ps(l, _mm256_sub_ps(a, b));
+    h = _mm256_max_ps(h, _mm256_add_ps(a, b));
+  }
+  alignas(32) float lv[8], hv[8];
+  _mm256_store_ps(lv, l);
+  _mm256_store_ps(hv, h);
+  float lm = -INFINITY, hm = -INFINITY;
+  for (int i = 0; i < 8; ++i) lm = std::max(lm, lv[i]), hm = std::max(hm, hv[i]);
+  bool nonfinite = _mm256_movemask_ps(nf) != 0;
+  for (; c < m; ++c) {
+    const float a = t[c] * sc[c];
+    const float b = kl1 * sc[c] + tiny * (1 + sc[c]);
+    nonfinite |= !std::isfinite(a);
+    lm = std::max(lm, a - b);
+    hm = std::max(hm, a + b);
+  }
+  *lo = lm;
+  *hi = hm;
+  *bad = nonfinite;
+}
+
 template <ffi::DataType T, typename W>
 ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> w,
                       ffi::Buffer<ffi::S8> screen, ffi::ResultBuffer<ffi::S32> ids,
@@ -830,24 +880,14 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
                        [&](int64_t u0, int64_t u1) {
                          const int64_t t0 = u0 << lg, t1 = std::min(tiles, u1 << lg);
                          Tiles(s8, f32, xp, rows, k, sp, kg, lg, n, ap, t0, t1, pf);
-                         Scale(sp, kg, k, lg, rows, n, ap, t0, t1);
                          float sc[kLd];
                          for (int64_t g = u0; g < u1; ++g) {
                            const int64_t c0 = g * ldw, c1 = std::min(n, c0 + ldw);
                            ColumnScales(sp, kg, k, lg, c0, c1, sc);
                            for (int64_t r = 0; r < rows; ++r) {
-                             float l = -INFINITY, h = -INFINITY;
-                             bool nonfinite = false;
-                             for (int64_t c = c0; c < c1; ++c) {
-                               const float a = ap[r * n + c];
-                               const float b = kappa * sc[c - c0] * l1[r] + tiny * (1 + sc[c - c0]);
-                               nonfinite |= !std::isfinite(a);
-                               l = std::max(l, a - b);
-                               h = std::max(h, a + b);
-                             }
-                             lo[r * groups + g] = l;
-                             hi[r * groups + g] = h;
-                             bad[r * groups + g] = nonfinite;
+                             ScreenStats(ap + r * n + c0, sc, c1 - c0, kappa * l1[r], tiny,
+                                         &lo[r * groups + g], &hi[r * groups + g],
+                                         &bad[r * groups + g]);
                            }
                          }
                        });
