@@ -26,6 +26,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -763,8 +764,9 @@ ffi::Error Linear(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> 
 //   |e_j - sum x_i w_ij|        <= g l1 max_i |w_ij| <= g l1 128 s_j   (s_j = fl(max |w_ij| / 127))
 //   |sum x_i (w_ij - s_j q_ij)| <= l1 s_j (1/2 + 256 u)               (q = round(fl(w / s_j)))
 //   |a_j - s_j sum x_i q_ij|    <= s_j (g 127 l1 + u |t_j|) <= s_j l1 (127 g + 128 u)
-// so |e_j - a_j| <= b_j = s_j l1 kappa, kappa = 1/2 + 384 u + 255 g, plus (k + 1) 2^-110 (1 + s_j)
-// for inputs, products and sums flushed to zero (DAZ/FTZ). b_j is taken 2^-10 larger (relative)
+// so |e_j - a_j| <= b_j = s_j l1 kappa, kappa = 1/2 + 384 u + 255 g, plus (k + 1) 2^-90 (1 + s_j)
+// for inputs, products and sums flushed to zero (DAZ/FTZ; a denormal weight's products, where the
+// screen was made under DAZ and the argmax is not, up to l1 ~ 1e11). b_j is taken 2^-10 larger (relative)
 // so that computing it and a_j +- b_j in float32 (|a_j| <= 257 b_j) stays on the safe side. Every
 // column at the row's maximum has a_j + b_j >= e_j >= max_l e_l >= L = max_l (a_l - b_l), and a
 // column with a_j + b_j < L is below the maximum: the argmax is in the groups holding a column
@@ -848,7 +850,7 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   }
   const double u = std::ldexp(1.0, -24), gk = k * u / (1 - k * u);
   const float kappa = static_cast<float>((0.5 + 384 * u + 255 * gk) * (1 + std::ldexp(1.0, -10)));
-  const float tiny = static_cast<float>((k + 1) * std::ldexp(1.0, -110));
+  const float tiny = static_cast<float>((k + 1) * std::ldexp(1.0, -90));
   std::vector<float> l1(rows);
   std::vector<char> whole(rows, 0);
   for (int64_t r = 0; r < rows; ++r) {
@@ -934,7 +936,8 @@ ffi::Error HeadArgmax(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
 
 // The screen of a packed float32 / bf16 weight, group by group, into XLA's output buffer (no
 // temporary: a whole-array XLA form widened a 248k-column head to float32 first): column c's
-// scale s = fl(max_i |w_ic| fl(1 / 127)) (1 for an all-zero column), q_ic = round-half-even(
+// scale s = max(fl(max_i |w_ic| fl(1 / 127)), FLT_MIN) (FLT_MIN, a power of two, for a column of
+// denormals, whose scale would round to 0; 0 for an all-zero column), q_ic = round-half-even(
 // fl(w_ic / s)) (an IEEE division) clipped to [-127, 127]. So max |w_ic| <= 128 s and
 // |w_ic / s - q_ic| <= 1/2 + 128 u, inside HeadArgmax's bound. (cpu_linear.quantize's XLA
 // arithmetic can differ from it by a rounding in a few values: the screen is its own.)
@@ -967,9 +970,17 @@ ffi::Error MakeScreen(ffi::ThreadPool pool, ffi::Buffer<T> w, ffi::ResultBuffer<
       for (int64_t i = 0; i < k; ++i)
         for (int64_t c = 0; c < ldw; ++c)
           scale[c] = std::max(scale[c], std::fabs(WidenOne(wg[i * ldw + c])));
-      for (int64_t c = 0; c < ldw; ++c) scale[c] = scale[c] > 0 ? scale[c] * (1.0f / 127) : 1.0f;
+      // at least the smallest normal float (a column of denormals keeps a scale that bounds it);
+      // 0 for an all-zero column, whose value is exactly 0 (so its bound is, too)
+      for (int64_t c = 0; c < ldw; ++c) {
+        scale[c] = scale[c] > 0 ? std::max(scale[c] * (1.0f / 127), FLT_MIN) : 0.0f;
+      }
       for (int64_t i = 0; i < k; ++i)
         for (int64_t c = 0; c < ldw; ++c) {
+          if (scale[c] == 0) {
+            og[i * ldw + c] = 0;
+            continue;
+          }
           const float q = std::nearbyint(WidenOne(wg[i * ldw + c]) / scale[c]);
           og[i * ldw + c] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, q)));
         }

@@ -286,7 +286,8 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
 
 def screen(wp: jax.Array) -> jax.Array:
     """The int8 screen of a float32 or bf16 packed weight, in the int8 packed layout [groups,
-    in + 4, group]: per column, scale = max |w| · fl(1 / 127) (1 for a zero column) and q =
+    in + 4, group]: per column, scale = max |w| · fl(1 / 127) (at least the smallest normal
+    float; 0 for an all-zero column, whose value is exactly 0) and q =
     round-half-even(w / scale) in [-127, 127], in IEEE float32 (``quantize``'s XLA arithmetic may
     round a few values otherwise; ``head_argmax``'s bound holds for either), made by the C++
     library from the packed weight in place (an XLA form held a float32 copy of the head: ~1 GB
