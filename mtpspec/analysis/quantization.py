@@ -28,7 +28,9 @@ def weights_report(path, prompts, num_draft=(1, 2, 3), new_tokens: int = 48) -> 
     from mtpspec.models.decoder import window_step_impl
     from mtpspec.models.inference import compute_config
 
-    config, stored = checkpoints.load(path, for_decoding=True)
+    # the head as stored, no int8 screen beside it (which greedy_head "auto" adds for a large
+    # vocabulary): the bytes compared are the weights'
+    config, stored = checkpoints.load(path, for_decoding=True, greedy_head="full")
     if callable(prompts):
         prompts = prompts(config)
     if not prompts or min(len(p) for p in prompts) < 2:
