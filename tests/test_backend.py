@@ -175,9 +175,11 @@ def test_a_missing_library_warns_once_at_first_use_and_the_status_command_says_w
     ok, lines = status_command.report()
     assert ok == real_status[0]
     if ok:  # the machine's own library: every FFI target listed with its status
-        assert lines[1:9] == [f"  {t}: ok" for t in (
+        assert lines[1:13] == [f"  {t}: ok" for t in (
             "mtpspec_cpu_linear", "mtpspec_cpu_linear_bf16", "mtpspec_cpu_linear_s8",
+            "mtpspec_cpu_head_argmax", "mtpspec_cpu_head_argmax_bf16", "mtpspec_cpu_screen",
+            "mtpspec_cpu_screen_bf16",
             "mtpspec_cpu_gdn", "mtpspec_cpu_gdn_tree", "mtpspec_cpu_gdn_commit",
             "mtpspec_cpu_attention", "mtpspec_cpu_tree_attention",
         )]  # fmt: skip
-        assert lines[9].startswith("cpu: ") and lines[10].startswith("settings: KernelSettings(")
+        assert lines[13].startswith("cpu: ") and lines[14].startswith("settings: KernelSettings(")

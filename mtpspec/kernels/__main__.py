@@ -17,9 +17,9 @@ def report() -> tuple[bool, list[str]]:
         lines.append(f"without them: {library.MISSING_COST}")
         return False, lines
     targets = [
-        cpu_linear.KERNEL, cpu_linear.KERNEL_BF16, cpu_linear.KERNEL_S8, cpu_gdn.KERNEL,
-        cpu_gdn.TREE_KERNEL, cpu_gdn.COMMIT_KERNEL, cpu_attention.KERNEL,
-        cpu_attention.TREE_KERNEL,
+        *cpu_linear.LINEAR_KERNELS.values(), *cpu_linear.ARGMAX_KERNELS.values(),
+        *cpu_linear.SCREEN_KERNELS.values(), cpu_gdn.KERNEL, cpu_gdn.TREE_KERNEL,
+        cpu_gdn.COMMIT_KERNEL, cpu_attention.KERNEL, cpu_attention.TREE_KERNEL,
     ]  # fmt: skip
     for target in targets:
         t_ok, t_why = target.status()

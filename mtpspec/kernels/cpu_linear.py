@@ -83,21 +83,26 @@ KERNEL_S8 = library.Target(
     TARGET_S8, "MtpspecCpuLinearS8", "int8 weights (weights='int8') need the C++ CPU linear kernel"
 )
 
-KERNEL_ARGMAX = library.Target(
-    TARGET_ARGMAX, "MtpspecCpuHeadArgmax", "a screened greedy head needs the C++ CPU linear kernel"
-)
-KERNEL_ARGMAX_BF16 = library.Target(
-    TARGET_ARGMAX_BF16,
-    "MtpspecCpuHeadArgmaxBf16",
-    "a screened greedy head needs the C++ CPU linear kernel",
-)
+_SCREENED = "a screened greedy head needs the C++ CPU linear kernel"
+KERNEL_ARGMAX = library.Target(TARGET_ARGMAX, "MtpspecCpuHeadArgmax", _SCREENED)
+KERNEL_ARGMAX_BF16 = library.Target(TARGET_ARGMAX_BF16, "MtpspecCpuHeadArgmaxBf16", _SCREENED)
+KERNEL_SCREEN = library.Target(TARGET_SCREEN, "MtpspecCpuScreen", _SCREENED)
+KERNEL_SCREEN_BF16 = library.Target(TARGET_SCREEN_BF16, "MtpspecCpuScreenBf16", _SCREENED)
 
-KERNEL_SCREEN = library.Target(
-    TARGET_SCREEN, "MtpspecCpuScreen", "a screened greedy head needs the C++ CPU linear kernel"
-)
-KERNEL_SCREEN_BF16 = library.Target(
-    TARGET_SCREEN_BF16, "MtpspecCpuScreenBf16", "a screened greedy head needs the C++ kernel"
-)
+# Each call's FFI target by the packed weight's dtype (bf16 held as uint16).
+_F32, _BF16, _S8 = jnp.dtype(jnp.float32), jnp.dtype(jnp.uint16), jnp.dtype(jnp.int8)
+LINEAR_KERNELS = {_F32: KERNEL, _BF16: KERNEL_BF16, _S8: KERNEL_S8}
+ARGMAX_KERNELS = {_F32: KERNEL_ARGMAX, _BF16: KERNEL_ARGMAX_BF16}
+SCREEN_KERNELS = {_F32: KERNEL_SCREEN, _BF16: KERNEL_SCREEN_BF16}
+
+
+def _target(kernels: dict, wp: jax.Array) -> str:
+    """The name of the FFI target in ``kernels`` for ``wp``'s dtype (another dtype: the float32
+    target's, which then refuses it), registered on first use (OSError when the library cannot
+    serve it)."""
+    kernel = kernels.get(jnp.dtype(wp.dtype), kernels[_F32])
+    kernel.require()
+    return kernel.name
 
 
 def status() -> tuple[bool, str]:
@@ -270,11 +275,7 @@ def apply(x: jax.Array, wp: jax.Array, d_out: int) -> jax.Array:
     """x [rows, in] float32 @ the packed weight -> [rows, out] float32 (the FFI call). x may also
     come as [rows, h, d] with h · d = in (heads not flattened first: see ``Linear.__call__``)."""
     bf16 = wp.dtype == jnp.uint16
-    kernel, target = {
-        jnp.dtype(jnp.uint16): (KERNEL_BF16, TARGET_BF16),
-        jnp.dtype(jnp.int8): (KERNEL_S8, TARGET_S8),
-    }.get(jnp.dtype(wp.dtype), (KERNEL, TARGET))
-    kernel.require()  # registers the FFI target on first use (cached)
+    target = _target(LINEAR_KERNELS, wp)
     rows = x.shape[0]
     attrs = settings.current().attributes("linear")
     if not bf16:  # bfloat16 activations are for bfloat16 weights (KernelSettings)
@@ -299,12 +300,7 @@ def screen(wp: jax.Array) -> jax.Array:
 
 @jax.jit
 def _screen(wp):
-    kernel, target = (
-        (KERNEL_SCREEN_BF16, TARGET_SCREEN_BF16)
-        if wp.dtype == jnp.uint16
-        else (KERNEL_SCREEN, TARGET_SCREEN)
-    )
-    kernel.require()
+    target = _target(SCREEN_KERNELS, wp)
     groups, d_in, group = wp.shape
     out = jax.ShapeDtypeStruct((groups, d_in + SCALE_ROWS, group), jnp.int8)
     threads = settings.current().attributes("linear")["threads"]
@@ -324,12 +320,7 @@ def head_argmax(x: jax.Array, wp: jax.Array, sp: jax.Array, d_out: int):
         )
     if sp.shape != (wp.shape[0], wp.shape[1] + SCALE_ROWS, wp.shape[2]):
         raise ValueError(f"a screen of shape {sp.shape} does not belong to a weight {wp.shape}")
-    kernel, target = (
-        (KERNEL_ARGMAX_BF16, TARGET_ARGMAX_BF16)
-        if wp.dtype == jnp.uint16
-        else (KERNEL_ARGMAX, TARGET_ARGMAX)
-    )
-    kernel.require()
+    target = _target(ARGMAX_KERNELS, wp)
     rows = x.shape[0]
     attrs = settings.current().attributes("linear")
     del attrs["dot"]
